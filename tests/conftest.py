@@ -1,0 +1,34 @@
+"""Shared test helpers: tiny versions of every registered model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vision_tfm as vt
+from vision_tfm.models.registry import get_model_entry
+
+
+def tiny_overrides(name: str) -> dict:
+    """Shrink a registered model to test size while keeping its family structure."""
+    cfg = get_model_entry(name).cfg
+    if hasattr(cfg, "depths"):  # hierarchical (Swin): keep the stage count
+        n = len(cfg.depths)
+        return {"embed_dim": 8, "depths": (2,) * n, "num_heads": (1,) * n}
+    if hasattr(cfg, "depth") and hasattr(cfg, "num_heads") and cfg.embed_dim > 64:
+        return {"embed_dim": 16, "depth": 2, "num_heads": 2}
+    return {}
+
+
+def input_size(model: torch.nn.Module) -> tuple[int, int, int]:
+    """A valid (C, H, W) for the model at its nominal size."""
+    return (model.in_chans, model.cfg.img_size, model.cfg.img_size)
+
+
+@pytest.fixture
+def tiny_model():
+    def make(name: str, **kw) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return vt.create_model(name, **{**tiny_overrides(name), **kw})
+
+    return make

@@ -1,0 +1,387 @@
+"""Classification data: embedded MNIST facts, split, transforms, ImageFolder, CIFAR-10, errors."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import vision_tfm.data as data_pkg
+from vision_tfm.data import (
+    AugConfig,
+    DataConfig,
+    build_cls_datasets,
+    build_eval_transform,
+    build_train_transform,
+    infer_dataset_kind,
+    load_cifar10,
+    load_image,
+    load_mnist,
+    read_idx,
+    to_in_chans,
+)
+from vision_tfm.data.config import IMAGENET_MEAN, MNIST_MEAN, MNIST_STD, resolve_mean_std
+from vision_tfm.data.datasets import ArrayDataset
+from vision_tfm.data.mnist import mnist_split_indices, parse_idx
+
+MNIST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+NO_AUG = AugConfig(kind="none")
+
+
+# ---------------------------------------------------------------------------- embedded MNIST
+
+
+def test_mnist_known_facts() -> None:
+    images, labels = load_mnist()
+    assert images.shape == (10000, 28, 28) and images.dtype == np.uint8
+    assert labels.shape == (10000,) and labels.dtype == np.int64
+    assert np.bincount(labels).tolist() == MNIST_COUNTS
+    assert labels[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+    # White digits on a black background; corners are background.
+    assert images[:, 0, 0].max() == 0 and images.max() == 255
+
+
+def test_mnist_assets_small_and_inside_package() -> None:
+    assets = Path(data_pkg.__file__).parent / "assets"
+    files = sorted(assets.iterdir())
+    assert sum(f.stat().st_size for f in files) < 2 * 1024 * 1024
+    assert read_idx(assets / "t10k-labels-idx1-ubyte.gz", expected_magic=2049).shape == (10000,)
+
+
+def test_mnist_split_sizes_disjoint_deterministic() -> None:
+    train_idx, val_idx = mnist_split_indices()
+    assert len(train_idx) == 8000 and len(val_idx) == 2000
+    assert np.intersect1d(train_idx, val_idx).size == 0
+    assert np.array_equal(np.sort(np.concatenate([train_idx, val_idx])), np.arange(10000))
+    # Pinned: default_rng(0).permutation(10000) must not drift across numpy versions/platforms.
+    assert train_idx[:5].tolist() == [3577, 8925, 1634, 485, 4753]
+    assert val_idx[:5].tolist() == [3545, 8124, 8713, 31, 9368]
+    assert np.array_equal(mnist_split_indices()[1], val_idx)
+    all_x, all_y = load_mnist()
+    val_x, val_y = load_mnist("val")
+    assert np.array_equal(val_x, all_x[val_idx]) and np.array_equal(val_y, all_y[val_idx])
+    with pytest.raises(ValueError, match="split 'test' is unknown"):
+        load_mnist("test")
+
+
+def _idx_bytes(magic: int, dims: tuple[int, ...], body: bytes) -> bytes:
+    return magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims) + body
+
+
+def test_idx_reader_roundtrip_and_errors(tmp_path: Path) -> None:
+    good = _idx_bytes(2051, (2, 2, 3), bytes(range(12)))
+    arr = parse_idx(good, expected_magic=2051)
+    assert arr.shape == (2, 2, 3) and arr.dtype == np.uint8 and arr[1, 1, 2] == 11
+    path = tmp_path / "x-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(good))
+    assert np.array_equal(read_idx(path), arr)
+
+    with pytest.raises(ValueError, match="magic number 2049, expected 2051"):
+        parse_idx(_idx_bytes(2049, (3,), b"abc"), expected_magic=2051)
+    with pytest.raises(ValueError, match="not a valid idx magic"):
+        parse_idx(b"\x12\x34\x08\x01" + (1).to_bytes(4, "big") + b"a")
+    with pytest.raises(ValueError, match=r"header shape \(2, 2, 3\) needs"):
+        parse_idx(good[:-1], expected_magic=2051)
+    bad_gz = tmp_path / "bad.gz"
+    bad_gz.write_bytes(good)
+    with pytest.raises(ValueError, match=r"bad\.gz: not a valid gzip"):
+        read_idx(bad_gz)
+    with pytest.raises(FileNotFoundError, match="idx file not found"):
+        read_idx(tmp_path / "missing.gz")
+
+
+# ---------------------------------------------------------------------------- MNIST datasets
+
+
+def test_build_mnist_default() -> None:
+    data = build_cls_datasets(DataConfig(), AugConfig())
+    assert (data.num_classes, data.in_chans) == (10, 1)
+    assert data.class_names == [str(d) for d in range(10)]
+    assert (len(data.train), len(data.val)) == (8000, 2000)
+    assert data.mean == MNIST_MEAN and data.std == MNIST_STD
+    x, y = data.train[0]
+    assert x.shape == (1, 28, 28) and x.dtype == torch.float32 and isinstance(y, int)
+
+
+def test_eval_transform_is_exact_normalisation_and_deterministic() -> None:
+    data = build_cls_datasets(DataConfig(), AugConfig())
+    val_x, val_y = load_mnist("val")
+    x, y = data.val[3]
+    assert y == val_y[3]
+    expected = (val_x[3].astype(np.float32) / 255.0 - 0.1307) / 0.3081
+    np.testing.assert_allclose(x[0].numpy(), expected, atol=1e-5)
+    assert torch.equal(x, data.val[3][0])
+
+
+def test_train_augmentation_varies_but_keeps_shape() -> None:
+    tf = build_train_transform(DataConfig(), AugConfig())
+    img = load_mnist("train")[0][0]
+    a, b = tf(img), tf(img)
+    assert a.shape == (1, 28, 28) and not torch.equal(a, b)
+
+
+def test_augmentation_reproducible_under_torch_seed() -> None:
+    img = load_mnist("train")[0][0]
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        tf = build_train_transform(DataConfig(), AugConfig(random_erasing=0.5))
+        outs.append(torch.stack([tf(img) for _ in range(4)]))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_loader_workers_and_epochs_draw_different_augmentations() -> None:
+    img = load_mnist("train")[0][:1]
+    tf = build_train_transform(DataConfig(), AugConfig())
+    ds = ArrayDataset(np.repeat(img, 4, axis=0), np.zeros(4), tf)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=False)
+    epochs = [torch.cat([x for x, _ in loader]) for _ in range(2)]
+    # Worker 0 gets items 0-1, worker 1 items 2-3: same image, so only the RNG tells them apart.
+    assert not torch.equal(epochs[0][:2], epochs[0][2:])
+    assert not torch.equal(epochs[0], epochs[1])
+
+
+def test_random_erasing_fills_with_mean() -> None:
+    tf = build_train_transform(DataConfig(), AugConfig(kind="none", random_erasing=1.0))
+    out = tf(load_mnist("train")[0][0])
+    # (v/255 - 0.1307)/0.3081 is never exactly 0 for uint8 v, so zeros are the erased hole.
+    assert (out == 0).sum() >= 4
+
+
+def test_rand_augment_optional_and_validated() -> None:
+    tf = build_train_transform(DataConfig(), AugConfig(rand_augment="rand-m9-mstd0.5-inc1"))
+    assert tf(load_mnist("train")[0][0]).shape == (1, 28, 28)
+    with pytest.raises(ValueError, match="not a timm spec"):
+        build_train_transform(DataConfig(), AugConfig(rand_augment="bogus-m9"))
+
+
+def test_mnist_forced_rgb_resized_and_subset() -> None:
+    cfg = DataConfig(in_chans=3, img_size=32, train_subset=100)
+    data = build_cls_datasets(cfg, NO_AUG)
+    assert data.in_chans == 3 and data.mean == MNIST_MEAN * 3 and len(data.train) == 100
+    x, _ = data.val[0]
+    assert x.shape == (3, 32, 32)
+    assert torch.equal(x[0], x[1]) and torch.equal(x[1], x[2])
+
+
+def test_color_jitter_only_for_rgb() -> None:
+    aug = AugConfig(kind="rrc", color_jitter=0.4, hflip=0.5)
+    gray = build_train_transform(DataConfig(), aug)
+    rgb = build_train_transform(DataConfig(name="cifar10", root="x", img_size=32), aug)
+    assert "ColorJitter" not in repr(gray) and "ColorJitter" in repr(rgb)
+    assert "HorizontalFlip" in repr(gray) and "RandomResizedCrop" in repr(rgb)
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"data\.name='svhn' is unknown"):
+        build_cls_datasets(DataConfig(name="svhn"), NO_AUG)
+    with pytest.raises(ValueError, match=r"aug\.kind='zoom' is unknown"):
+        build_cls_datasets(DataConfig(), AugConfig(kind="zoom"))
+    with pytest.raises(ValueError, match=r"data\.root is required"):
+        build_cls_datasets(DataConfig(name="imagefolder"), NO_AUG)
+    with pytest.raises(ValueError, match=r"data\.in_chans=2 is invalid"):
+        build_eval_transform(DataConfig(in_chans=2))
+    with pytest.raises(ValueError, match=r"data\.mean has 2 values; the model has 1"):
+        build_eval_transform(DataConfig(mean=(0.5, 0.5), std=(0.5, 0.5)))
+    with pytest.raises(ValueError, match=r"data\.crop_pct=1\.5 must be in"):
+        build_eval_transform(DataConfig(crop_pct=1.5))
+
+
+def test_mean_std_defaults() -> None:
+    assert resolve_mean_std(DataConfig(name="imagefolder", root="x"))[0] == IMAGENET_MEAN
+    gray_mean = resolve_mean_std(DataConfig(name="imagefolder", root="x", in_chans=1))[0]
+    assert gray_mean == (pytest.approx(0.299 * 0.485 + 0.587 * 0.456 + 0.114 * 0.406, abs=1e-4),)
+    assert resolve_mean_std(DataConfig(in_chans=3, mean=(0.5,), std=(0.25,))) == (
+        (0.5,) * 3,
+        (0.25,) * 3,
+    )
+
+
+# ---------------------------------------------------------------------------- eval / predict path
+
+
+def test_eval_transform_accepts_pil_and_numpy_alike() -> None:
+    cfg = DataConfig(name="imagefolder", root="x", img_size=16, crop_pct=0.875)
+    rng = np.random.default_rng(1)
+    rgb = rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    tf = build_eval_transform(cfg)
+    a = tf(rgb)
+    assert a.shape == (3, 16, 16) and a.dtype == torch.float32
+    assert torch.equal(a, tf(Image.fromarray(rgb))) and torch.equal(a, tf(rgb))
+    # RGBA drops alpha; gray input is repeated to RGB.
+    assert torch.equal(a, tf(np.concatenate([rgb, rgb[:, :, :1]], axis=2)))
+    assert tf(rgb[:, :, 0]).shape == (3, 16, 16)
+
+
+def test_to_in_chans_gray_matches_pil() -> None:
+    rgb = np.random.default_rng(2).integers(0, 256, (8, 9, 3), dtype=np.uint8)
+    ours = to_in_chans(rgb, 1)[:, :, 0].astype(int)
+    pil = np.asarray(Image.fromarray(rgb).convert("L")).astype(int)
+    assert ours.shape == (8, 9) and np.abs(ours - pil).max() <= 1
+    assert to_in_chans(rgb[:, :, 0], 3).shape == (8, 9, 3)
+    with pytest.raises(ValueError, match="expected a uint8 image"):
+        to_in_chans(rgb.astype(np.float32), 3)
+
+
+# ---------------------------------------------------------------------------- ImageFolder
+
+
+def _write_image(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (12, 10)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    root = tmp_path / "imgs"
+    for split, n in (("train", 3), ("val", 1)):
+        for cls, color in (("dog", (0, 200, 0)), ("cat", (200, 0, 0))):
+            for i in range(n):
+                ext = ".JPG" if i == 2 else ".png"
+                _write_image(root / split / cls / f"{i}{ext}", color)
+    (root / "train" / "cat" / "notes.txt").write_text("not an image")
+    return root
+
+
+def test_image_folder_build(image_folder: Path) -> None:
+    cfg = DataConfig(name="imagefolder", root=str(image_folder), img_size=8)
+    data = build_cls_datasets(cfg, AugConfig(kind="rrc", hflip=0.5, color_jitter=0.3))
+    assert data.class_names == ["cat", "dog"] and data.num_classes == 2 and data.in_chans == 3
+    assert (len(data.train), len(data.val)) == (6, 2)
+    assert sorted(data.train.labels.tolist()) == [0, 0, 0, 1, 1, 1]
+    x, y = data.val[0]
+    assert x.shape == (3, 8, 8) and x.dtype == torch.float32 and y == 0
+    # A solid red "cat": red channel normalised from 200, green/blue from 0.
+    expected_r = (200 / 255 - IMAGENET_MEAN[0]) / 0.229
+    assert x[0].mean().item() == pytest.approx(expected_r, abs=1e-3)
+    assert data.train[5][0].shape == (3, 8, 8)
+    gray = build_cls_datasets(
+        DataConfig(name="imagefolder", root=str(image_folder), in_chans=1), NO_AUG
+    )
+    assert gray.in_chans == 1 and gray.val[1][0].shape == (1, 28, 28)
+    assert infer_dataset_kind(image_folder) == "imagefolder"
+
+
+def test_image_folder_errors(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    cfg = DataConfig(name="imagefolder", root=str(root))
+    with pytest.raises(FileNotFoundError, match="ds: missing, expected a dataset folder"):
+        build_cls_datasets(cfg, NO_AUG)
+    root.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"train: missing, expected a train/ folder"):
+        build_cls_datasets(cfg, NO_AUG)
+    (root / "train").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"val: missing, expected a val/ folder"):
+        build_cls_datasets(cfg, NO_AUG)
+    (root / "val").mkdir()
+    with pytest.raises(ValueError, match="train: no class subfolders"):
+        build_cls_datasets(cfg, NO_AUG)
+    (root / "train" / "a").mkdir()
+    (root / "train" / "a" / "readme.txt").write_text("x")
+    (root / "val" / "a").mkdir()
+    with pytest.raises(ValueError, match=r"a: class folder has no images"):
+        build_cls_datasets(cfg, NO_AUG)
+    _write_image(root / "train" / "a" / "0.png", (1, 2, 3))
+    _write_image(root / "val" / "b" / "0.png", (1, 2, 3))
+    with pytest.raises(ValueError, match=r"classes \['b'\] are not in"):
+        build_cls_datasets(cfg, NO_AUG)
+
+
+def test_corrupt_image_raises_with_path_at_load(image_folder: Path) -> None:
+    good = image_folder / "train" / "dog" / "0.png"
+    bad = image_folder / "train" / "dog" / "1.png"
+    bad.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])  # truncated PNG
+    data = build_cls_datasets(DataConfig(name="imagefolder", root=str(image_folder)), NO_AUG)
+    assert len(data.train) == 6  # listing does not decode, so construction stays fast
+    bad_index = [p for p, _ in data.train.samples].index(bad)
+    with pytest.raises(ValueError, match=r"cannot decode image .*dog.1\.png"):
+        data.train[bad_index]
+    (image_folder / "junk.png").write_text("plain text")
+    with pytest.raises(ValueError, match=r"cannot decode image .*junk\.png"):
+        load_image(image_folder / "junk.png")
+    with pytest.raises(FileNotFoundError, match=r"image file not found: .*nope\.png"):
+        load_image(image_folder / "nope.png")
+
+
+def test_load_image_channels(tmp_path: Path) -> None:
+    path = tmp_path / "g.png"
+    Image.new("L", (5, 4), 77).save(path)
+    rgb = load_image(path, 3)
+    assert rgb.shape == (4, 5, 3) and rgb.dtype == np.uint8 and (rgb == 77).all()
+    assert load_image(path, 1).shape == (4, 5, 1)
+
+
+# ---------------------------------------------------------------------------- CIFAR-10
+
+
+def _write_cifar(folder: Path, per_batch: int = 2) -> None:
+    folder.mkdir(parents=True)
+    names = [f"c{i}".encode() for i in range(10)]
+    with (folder / "batches.meta").open("wb") as f:
+        pickle.dump({b"label_names": names, b"num_vis": 3072}, f)
+    for k, fname in enumerate([*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]):
+        data = np.zeros((per_batch, 3072), np.uint8)
+        data[:, :1024], data[:, 1024:2048], data[:, 2048:] = 10 * k, 100, 200  # R, G, B planes
+        data[:, 5] = 255  # row 0, column 5 of the red plane
+        labels = [(k + j) % 10 for j in range(per_batch)]
+        with (folder / fname).open("wb") as f:
+            pickle.dump({b"data": data, b"labels": labels, b"batch_label": b"x"}, f)
+
+
+def test_cifar10_reader_decodes_planar_channels(tmp_path: Path) -> None:
+    _write_cifar(tmp_path / "cifar-10-batches-py")
+    train_x, train_y, val_x, val_y, names = load_cifar10(tmp_path)  # finds the subfolder
+    assert train_x.shape == (10, 32, 32, 3) and train_x.dtype == np.uint8
+    assert val_x.shape == (2, 32, 32, 3) and train_y.dtype == np.int64
+    assert names == [f"c{i}" for i in range(10)]
+    assert train_x[2, 1, 1].tolist() == [10, 100, 200]  # batch 2 red plane = 10
+    assert train_x[0, 0, 5].tolist() == [255, 100, 200] and val_x[0, 3, 3, 0] == 50
+    assert train_y.tolist()[:4] == [0, 1, 1, 2] and val_y.tolist() == [5, 6]
+    assert infer_dataset_kind(tmp_path) == "cifar10"
+
+    data = build_cls_datasets(DataConfig(name="cifar10", root=str(tmp_path), img_size=32), NO_AUG)
+    assert (data.num_classes, data.in_chans, len(data.train), len(data.val)) == (10, 3, 10, 2)
+    assert data.val[0][0].shape == (3, 32, 32)
+
+
+def test_cifar10_errors(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    _write_cifar(folder)
+    (folder / "test_batch").unlink()
+    with pytest.raises(FileNotFoundError, match=r"CIFAR-10 file not found: .*test_batch"):
+        load_cifar10(folder)
+    with (folder / "test_batch").open("wb") as f:
+        pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}, f)
+    with pytest.raises(ValueError, match=r"test_batch: b'data' is uint8 \(2, 100\)"):
+        load_cifar10(folder)
+    (folder / "test_batch").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="test_batch: not a CIFAR-10 python pickle"):
+        load_cifar10(folder)
+    with pytest.raises(FileNotFoundError, match="no data_batch_1 here"):
+        load_cifar10(tmp_path)
+
+
+# ---------------------------------------------------------------------------- --data PATH
+
+
+def test_infer_dataset_kind_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="data folder not found"):
+        infer_dataset_kind(tmp_path / "none")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"f\.txt: not a folder"):
+        infer_dataset_kind(tmp_path / "f.txt")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="empty: folder is empty"):
+        infer_dataset_kind(empty)
+    with pytest.raises(ValueError, match="unknown layout"):
+        infer_dataset_kind(tmp_path)
+    (tmp_path / "train").mkdir()
+    with pytest.raises(ValueError, match=r"has train/ but no val/"):
+        infer_dataset_kind(tmp_path)

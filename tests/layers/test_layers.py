@@ -1,0 +1,168 @@
+"""Property tests of the shared core."""
+
+import math
+
+import pytest
+import torch
+
+from vision_tfm.layers import (
+    Attention,
+    Block,
+    DropPath,
+    LayerNorm2d,
+    Mlp,
+    PatchEmbed,
+    SwiGLU,
+    apply_rope,
+    fused_attn,
+    relative_position_bias,
+    relative_position_index,
+    resample_abs_pos_embed,
+    rope_2d,
+    sincos_2d,
+)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_fused_and_explicit_attention_agree_with_bias_and_mask(qk_norm):
+    torch.manual_seed(0)
+    attn = Attention(32, 4, qk_norm=qk_norm).eval()
+    x = torch.randn(2, 3, 10, 32)  # extra leading dim, as Swin windows use
+    bias = torch.randn(3, 4, 10, 10)
+    mask = torch.rand(10, 10) > 0.3
+    mask |= torch.eye(10, dtype=torch.bool)  # every query keeps at least one key
+    fused = attn(x, bias=bias, mask=mask)
+    with fused_attn(attn, False):
+        explicit, weights = attn(x, bias=bias, mask=mask, return_attn=True)
+    assert attn.fused  # restored
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    assert weights.shape == (2, 3, 4, 10, 10)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 4, 10))
+    assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+def test_attention_matches_manual_softmax():
+    torch.manual_seed(0)
+    attn = Attention(8, 2, qkv_bias=False).eval()
+    x = torch.randn(1, 5, 8)
+    q, k, v = attn.qkv(x).reshape(1, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    ref = torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v  # scale = 4 ** -0.5
+    ref = attn.proj(ref.transpose(1, 2).reshape(1, 5, 8))
+    torch.testing.assert_close(attn(x), ref, atol=1e-6, rtol=0)
+
+
+def test_attention_rejects_bad_heads_and_float_mask():
+    with pytest.raises(ValueError, match="not divisible"):
+        Attention(10, 3)
+    with pytest.raises(ValueError, match="bool"):
+        Attention(8, 2)(torch.randn(1, 3, 8), mask=torch.ones(3, 3))
+
+
+def test_relative_position_index_7x7():
+    idx = relative_position_index((7, 7))
+    assert idx.shape == (49, 49)
+    assert idx[0, 0] == 84
+    assert idx.min() == 0 and idx.max() == 168
+    assert len(idx.unique()) == 169
+    # same offset -> same index: (0,0)->(0,1) equals (3,3)->(3,4)
+    assert idx[0, 1] == idx[3 * 7 + 3, 3 * 7 + 4]
+    table = torch.arange(169 * 2, dtype=torch.float).reshape(169, 2)
+    bias = relative_position_bias(table, idx)
+    assert bias.shape == (2, 49, 49) and bias[1, 0, 0] == table[84, 1]
+
+
+def test_sincos_pinned_values_mae_convention():
+    pe = sincos_2d(2, 3, 8)  # 6 tokens, dims [sin x, cos x, sin y, cos y], 2 each
+    assert pe.shape == (6, 8)
+    # token 0 at (y=0, x=0)
+    torch.testing.assert_close(pe[0], torch.tensor([0, 0, 1, 1, 0, 0, 1, 1.0]))
+    # token 5 at (y=1, x=2): omega = [1, 1/100]
+    x, y = 2.0, 1.0
+    want = [
+        math.sin(x),
+        math.sin(x / 100),
+        math.cos(x),
+        math.cos(x / 100),
+        math.sin(y),
+        math.sin(y / 100),
+        math.cos(y),
+        math.cos(y / 100),
+    ]
+    torch.testing.assert_close(pe[5], torch.tensor(want), atol=1e-6, rtol=0)
+    # token 100 of a 14x14 grid sits at x=2; channel 3 is sin(x * 1e4 ** -(3/96))
+    assert sincos_2d(14, 14, 384)[100, 3].item() == pytest.approx(0.99748000, abs=1e-6)
+
+
+def test_rope_depends_only_on_relative_offset():
+    torch.manual_seed(0)
+    hd = 16
+    sin, cos = rope_2d(6, 6, hd)
+    q, k = torch.randn(hd), torch.randn(hd)
+
+    def score(pq, pk):
+        i, j = pq[0] * 6 + pq[1], pk[0] * 6 + pk[1]
+        rq = apply_rope(q.expand(36, hd), (sin, cos))[i]
+        rk = apply_rope(k.expand(36, hd), (sin, cos))[j]
+        return (rq @ rk).item()
+
+    s1 = score((1, 1), (2, 4))
+    assert s1 == pytest.approx(score((3, 0), (4, 3)), abs=1e-5)
+    assert s1 == pytest.approx(score((0, 2), (1, 5)), abs=1e-5)
+    assert s1 != pytest.approx(score((1, 1), (2, 5)), abs=1e-3)
+    # prefix tokens are not rotated
+    x = torch.randn(1, 37, hd)
+    out = apply_rope(x, (sin, cos), num_prefix_tokens=1)
+    torch.testing.assert_close(out[:, 0], x[:, 0])
+
+
+def test_resample_pos_embed_identity_and_shape():
+    pe = torch.randn(1, 1 + 14 * 14, 8)
+    assert resample_abs_pos_embed(pe, (14, 14), (14, 14)) is pe
+    out = resample_abs_pos_embed(pe, (12, 20), (14, 14))
+    assert out.shape == (1, 1 + 240, 8)
+    torch.testing.assert_close(out[:, 0], pe[:, 0])  # class token untouched
+    # a constant table stays constant under bicubic resampling
+    const = torch.ones(1, 1 + 16, 4)
+    torch.testing.assert_close(resample_abs_pos_embed(const, (7, 5), (4, 4)), torch.ones(1, 36, 4))
+
+
+def test_post_and_pre_norm_differ_and_are_finite():
+    torch.manual_seed(0)
+    pre = Block(16, 2, norm_place="pre").eval()
+    post = Block(16, 2, norm_place="post").eval()
+    post.load_state_dict(pre.state_dict())
+    x = torch.randn(2, 5, 16) * 3
+    a, b = pre(x), post(x)
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    assert not torch.allclose(a, b, atol=1e-3)
+    # post-norm output is normalised per token
+    torch.testing.assert_close(b.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
+    res = Block(16, 2, norm_place="residual").eval()
+    y, dual = res.forward_dual(x, torch.zeros_like(x))
+    assert torch.isfinite(y).all() and torch.isfinite(dual).all()
+    with pytest.raises(RuntimeError, match="forward_dual"):
+        res(x)
+    with pytest.raises(ValueError, match="norm_place"):
+        Block(16, 2, norm_place="sandwich")
+
+
+def test_drop_path_keeps_expectation_and_mlps():
+    torch.manual_seed(0)
+    dp = DropPath(0.5).train()
+    out = dp(torch.ones(20000, 1))
+    assert set(out.unique().tolist()) == {0.0, 2.0}
+    assert out.mean().item() == pytest.approx(1.0, abs=0.05)
+    assert torch.equal(dp.eval()(torch.ones(3, 1)), torch.ones(3, 1))
+    assert Mlp(8, 32)(torch.randn(2, 8)).shape == (2, 8)
+    sw = SwiGLU(8, 16)
+    assert sw.fc1.out_features == 32 and sw(torch.randn(2, 8)).shape == (2, 8)
+
+
+def test_patch_embed_pads_to_whole_patches_and_layernorm2d():
+    pe = PatchEmbed(4, 3, 8)
+    assert pe(torch.randn(1, 3, 10, 13)).shape == (1, 3, 4, 8)
+    assert pe.grid_size(10, 13) == (3, 4)
+    ln = LayerNorm2d(6)
+    x = torch.randn(2, 6, 3, 3)
+    ref = torch.nn.functional.layer_norm(x.permute(0, 2, 3, 1), (6,), eps=1e-6).permute(0, 3, 1, 2)
+    torch.testing.assert_close(ln(x), ref)

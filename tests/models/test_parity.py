@@ -1,0 +1,128 @@
+"""Weight interop: timm, torchvision and official-Swin state dicts give identical logits."""
+
+import re
+
+import pytest
+import timm
+import torch
+import torchvision
+
+import vision_tfm as vt
+
+
+def _logits(model, x):
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vit_tiny_patch16_224",
+        "vit_small_patch16_224",
+        "vit_base_patch16_224",
+        "swin_tiny_patch4_window7_224",
+        "swin_small_patch4_window7_224",
+    ],
+)
+def test_timm_parity(name):
+    torch.manual_seed(0)
+    ref = timm.create_model(name, pretrained=False).eval()
+    ours = vt.load_pretrained(vt.create_model(name), ref.state_dict())
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    x = torch.randn(2, 3, 224, 224)
+    assert (_logits(ours, x) - _logits(ref, x)).abs().max().item() <= 1e-5
+
+
+def test_published_parameter_counts():
+    assert (
+        sum(p.numel() for p in vt.create_model("vit_small_patch16_224").parameters()) == 22_050_664
+    )
+    n = sum(p.numel() for p in vt.create_model("swin_tiny_patch4_window7_224").parameters())
+    assert n == 28_288_354
+
+
+def test_torchvision_swin_t_parity_including_padded_size():
+    torch.manual_seed(0)
+    ref = torchvision.models.swin_t().eval()
+    ours = vt.load_pretrained(vt.create_model("swin_tiny_patch4_window7_224"), ref.state_dict())
+    for shape in [(2, 3, 224, 224), (1, 3, 256, 320)]:  # 256x320 pads every stage
+        x = torch.randn(shape)
+        assert (_logits(ours, x) - _logits(ref, x)).abs().max().item() <= 1e-5
+
+
+def test_torchvision_vit_b_16_parity():
+    torch.manual_seed(0)
+    ref = torchvision.models.vit_b_16().eval()
+    ours = vt.load_pretrained(vt.create_model("vit_base_patch16_224"), ref.state_dict())
+    x = torch.randn(1, 3, 224, 224)
+    assert (_logits(ours, x) - _logits(ref, x)).abs().max().item() <= 1e-5
+
+
+def _to_official_swin(sd):
+    """Write a timm Swin state dict in the official Microsoft repo's layout."""
+    out = {}
+    for k, v in sd.items():
+        m = re.match(r"layers\.(\d+)\.downsample\.(.*)", k)
+        if m:
+            k = f"layers.{int(m.group(1)) - 1}.downsample.{m.group(2)}"
+        out[k.replace("head.fc.", "head.")] = v
+    for k in list(out):  # the official repo persists these buffers
+        if k.endswith("relative_position_bias_table"):
+            out[k.replace("bias_table", "index")] = torch.zeros(49, 49, dtype=torch.long)
+    out["layers.0.blocks.1.attn_mask"] = torch.zeros(64, 49, 49)
+    return {"model": out}
+
+
+def test_official_swin_layout_parity(tmp_path):
+    torch.manual_seed(0)
+    ref = timm.create_model("swin_tiny_patch4_window7_224").eval()
+    ckpt = tmp_path / "swin_tiny_patch4_window7_224.pth"
+    torch.save(_to_official_swin(ref.state_dict()), ckpt)
+    ours = vt.load_pretrained(vt.create_model("swin_tiny_patch4_window7_224"), ckpt)
+    x = torch.randn(1, 3, 224, 224)
+    assert (_logits(ours, x) - _logits(ref, x)).abs().max().item() <= 1e-5
+
+
+def test_pos_embed_resampled_when_image_size_differs():
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224").eval()
+    ours = vt.load_pretrained(
+        vt.create_model("vit_tiny_patch16_224", img_size=256), ref.state_dict()
+    )
+    assert ours.pos_embed.shape == (1, 1 + 16 * 16, 192)
+    # at its own grid the resampled table reproduces timm running dynamically at 256
+    dyn = timm.create_model("vit_tiny_patch16_224", dynamic_img_size=True).eval()
+    dyn.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 3, 256, 256)
+    assert (_logits(ours, x) - _logits(dyn, x)).abs().max().item() <= 1e-4
+
+
+def test_head_of_other_class_count_is_left_at_init():
+    ref = timm.create_model("vit_tiny_patch16_224").eval()
+    m = vt.create_model("vit_tiny_patch16_224", num_classes=10)
+    with pytest.warns(UserWarning, match="head left at init"):
+        vt.load_pretrained(m, ref.state_dict())
+    torch.testing.assert_close(m.pos_embed, ref.pos_embed)
+
+
+def test_checkpoint_of_another_architecture_is_refused(tmp_path):
+    vit_sd = vt.create_model("vit_test").state_dict()
+    with pytest.raises(
+        ValueError, match=r"checkpoint is a vit .* but the model is a SwinTransformer"
+    ):
+        vt.load_pretrained(vt.create_model("swin_test"), vit_sd)
+    other = vt.create_model("vit_test", depth=3).state_dict()
+    with pytest.raises(ValueError, match=r"unexpected \['blocks.2"):
+        vt.load_pretrained(vt.create_model("vit_test"), other)
+    wide = vt.create_model("vit_test", embed_dim=64).state_dict()
+    with pytest.raises(ValueError, match="has shape"):
+        vt.load_pretrained(vt.create_model("vit_test"), wide)
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        vt.load_pretrained(vt.create_model("vit_test"), tmp_path / "nope.pth")
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot read checkpoint"):
+        vt.load_pretrained(vt.create_model("vit_test"), junk)
+    with pytest.raises(ValueError, match="unrecognised checkpoint layout"):
+        vt.load_pretrained(vt.create_model("vit_test"), {"foo.weight": torch.zeros(1)})

@@ -1,0 +1,7 @@
+"""vision_tfm: ViT, Swin and a CNN+Transformer grasp hybrid on one shared Transformer core."""
+
+from .models import create_model, list_models, load_pretrained
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "create_model", "list_models", "load_pretrained"]

@@ -1,0 +1,89 @@
+"""Classification data: the embedded MNIST default, ImageFolder trees and CIFAR-10 pickles.
+
+`build_cls_datasets(cfg, aug)` is the one entry point the training engine needs; each item is
+`(float32 CHW tensor, int label)`. The model's `in_chans` should come from `ClsData.in_chans`:
+MNIST is 1 channel, CIFAR-10 3, ImageFolder RGB (3) unless `DataConfig.in_chans` forces 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch.utils.data import Dataset, Subset
+
+from .config import (
+    AugConfig,
+    DataConfig,
+    check_configs,
+    resolve_in_chans,
+    resolve_mean_std,
+)
+from .datasets import (
+    ArrayDataset,
+    ImageFolderDataset,
+    infer_dataset_kind,
+    load_cifar10,
+    load_image,
+    scan_image_folder,
+)
+from .mnist import MNIST_CLASSES, load_mnist, read_idx
+from .transforms import build_eval_transform, build_train_transform, to_in_chans
+
+__all__ = [
+    "AugConfig",
+    "ClsData",
+    "DataConfig",
+    "build_cls_datasets",
+    "build_eval_transform",
+    "build_train_transform",
+    "infer_dataset_kind",
+    "load_cifar10",
+    "load_image",
+    "load_mnist",
+    "read_idx",
+    "to_in_chans",
+]
+
+TRAIN_SUBSET_SEED = 0
+
+
+@dataclass
+class ClsData:
+    """Datasets plus the facts the model and `vtfm predict` must agree on."""
+
+    train: Dataset
+    val: Dataset
+    num_classes: int
+    in_chans: int
+    class_names: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def build_cls_datasets(cfg: DataConfig, aug: AugConfig) -> ClsData:
+    """Build augmented train and deterministic val datasets as `cfg` describes.
+
+    Raises:
+        ValueError: An invalid config value, an unknown layout, or malformed data files.
+        FileNotFoundError: `cfg.root` or a required file/folder under it is missing.
+    """
+    check_configs(cfg, aug)
+    in_chans = resolve_in_chans(cfg)
+    mean, std = resolve_mean_std(cfg)
+    train_tf, val_tf = build_train_transform(cfg, aug), build_eval_transform(cfg)
+    if cfg.name == "imagefolder":
+        train_s, val_s, names = scan_image_folder(cfg.root)
+        train: Dataset = ImageFolderDataset(train_s, in_chans, train_tf)
+        val: Dataset = ImageFolderDataset(val_s, in_chans, val_tf)
+    else:
+        if cfg.name == "mnist":
+            (tx, ty), (vx, vy), names = load_mnist("train"), load_mnist("val"), list(MNIST_CLASSES)
+        else:
+            tx, ty, vx, vy, names = load_cifar10(cfg.root)
+        train, val = ArrayDataset(tx, ty, train_tf), ArrayDataset(vx, vy, val_tf)
+    if 0 < cfg.train_subset < len(train):
+        # Seeded and sorted: ImageFolder samples are grouped by class, so a prefix would not do.
+        keep = np.random.default_rng(TRAIN_SUBSET_SEED).permutation(len(train))[: cfg.train_subset]
+        train = Subset(train, np.sort(keep).tolist())
+    return ClsData(train, val, len(names), in_chans, names, mean, std)

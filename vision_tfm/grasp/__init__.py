@@ -1,0 +1,45 @@
+"""Grasp rectangles, their dense-map encoding and decoding, and the rectangle metric."""
+
+from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, as_grasps, decode_grasps, encode_grasp_maps
+from vision_tfm.grasp.metric import (
+    ANGLE_THRESHOLD,
+    IOU_THRESHOLD,
+    angle_difference,
+    batch_grasp_correct,
+    grasp_correct,
+    grasp_matches,
+)
+from vision_tfm.grasp.rect import (
+    Grasp,
+    corners_to_params,
+    grasp_axes,
+    params_to_corners,
+    polygon_area,
+    polygon_intersection,
+    polygon_iou,
+    rotate_points,
+    wrap_angle,
+)
+
+__all__ = [
+    "ANGLE_THRESHOLD",
+    "IOU_THRESHOLD",
+    "MAP_KEYS",
+    "WIDTH_SCALE",
+    "Grasp",
+    "angle_difference",
+    "as_grasps",
+    "batch_grasp_correct",
+    "corners_to_params",
+    "decode_grasps",
+    "encode_grasp_maps",
+    "grasp_axes",
+    "grasp_correct",
+    "grasp_matches",
+    "params_to_corners",
+    "polygon_area",
+    "polygon_intersection",
+    "polygon_iou",
+    "rotate_points",
+    "wrap_angle",
+]

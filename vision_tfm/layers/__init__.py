@@ -1,0 +1,44 @@
+"""The shared core: every model family builds from these pieces and none redefines them."""
+
+from .attention import Attention, fused_attn, merge_bias_and_mask, set_fused_attn
+from .block import NORM_PLACEMENTS, Block, run_blocks
+from .drop import DropPath, LayerScale, drop_path
+from .mlp import Mlp, SwiGLU, get_mlp_layer
+from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
+from .patch_embed import PatchEmbed, check_image
+from .pos_embed import (
+    apply_rope,
+    relative_position_bias,
+    relative_position_index,
+    resample_abs_pos_embed,
+    rope_2d,
+    sincos_2d,
+)
+
+__all__ = [
+    "NORM_PLACEMENTS",
+    "Attention",
+    "Block",
+    "DropPath",
+    "LayerNorm",
+    "LayerNorm2d",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "RMSNorm",
+    "SwiGLU",
+    "apply_rope",
+    "check_image",
+    "drop_path",
+    "fused_attn",
+    "get_mlp_layer",
+    "get_norm_layer",
+    "merge_bias_and_mask",
+    "relative_position_bias",
+    "relative_position_index",
+    "resample_abs_pos_embed",
+    "rope_2d",
+    "run_blocks",
+    "set_fused_attn",
+    "sincos_2d",
+]

@@ -1,0 +1,356 @@
+"""Swin Transformer (Liu et al. 2021): shifted-window attention in a 4-stage hierarchy.
+
+Read top to bottom: window helpers -> WindowAttention -> SwinBlock -> PatchMerging ->
+SwinStage -> SwinTransformer -> registered sizes. State-dict keys match timm's
+``SwinTransformer``; torchvision and official-repo checkpoints convert in ``convert.py``.
+
+Unlike the official repo, the shifted-window mask is built for the actual (padded) feature
+size at run time and cached per size, so any resolution works. Inputs whose feature map is
+not a multiple of the window are zero-padded after ``norm1`` and the padding is cropped off
+afterwards, as torchvision does; a window that covers the whole (padded) map is not shifted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers import (
+    Attention,
+    Block,
+    LayerNorm,
+    PatchEmbed,
+    check_image,
+    relative_position_bias,
+    relative_position_index,
+)
+from ._common import init_weights, select_indices
+from .registry import register_model
+
+__all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
+
+MASK_VALUE = -100.0  # the official repo's value for cross-region logits
+
+
+def window_partition(x: torch.Tensor, ws: int) -> torch.Tensor:
+    """``(B, H, W, C)`` -> ``(B, nW, ws*ws, C)``; H and W must be multiples of ``ws``."""
+    B, H, W, C = x.shape
+    x = x.view(B, H // ws, ws, W // ws, ws, C)  # (B, nh, ws, nw, ws, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(B, (H // ws) * (W // ws), ws * ws, C)
+
+
+def window_reverse(windows: torch.Tensor, ws: int, H: int, W: int) -> torch.Tensor:
+    """Inverse of :func:`window_partition`: ``(B, nW, ws*ws, C)`` -> ``(B, H, W, C)``."""
+    B, _, _, C = windows.shape
+    x = windows.view(B, H // ws, W // ws, ws, ws, C)  # (B, nh, nw, ws, ws, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C)
+
+
+def shifted_window_mask(H: int, W: int, ws: int, shift: tuple[int, int]) -> torch.Tensor:
+    """``(nW, 1, N, N)`` additive mask keeping attention inside each pre-shift region."""
+    img = torch.zeros(1, H, W, 1)
+    cnt = 0
+    for hs in _regions(H, ws, shift[0]):
+        for wsl in _regions(W, ws, shift[1]):
+            img[:, hs, wsl, :] = cnt
+            cnt += 1
+    ids = window_partition(img, ws).squeeze(-1).squeeze(0)  # (nW, N)
+    diff = ids[:, None, :] != ids[:, :, None]  # (nW, N, N)
+    return torch.zeros(diff.shape).masked_fill_(diff, MASK_VALUE).unsqueeze(1)  # (nW, 1, N, N)
+
+
+def _regions(n: int, ws: int, shift: int) -> list[slice]:
+    if shift == 0:
+        return [slice(0, n)]
+    return [slice(0, n - ws), slice(n - ws, n - shift), slice(n - shift, n)]
+
+
+class WindowAttention(Attention):
+    """Attention inside windows, plus Swin's learned relative position bias."""
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, **kw) -> None:
+        super().__init__(dim, num_heads, **kw)
+        self.window_size = window_size
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window_size - 1) ** 2, num_heads)
+        )
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+        self.register_buffer(
+            "relative_position_index",
+            relative_position_index((window_size, window_size)),
+            persistent=False,
+        )
+
+    def rel_bias(self) -> torch.Tensor:
+        """``(heads, N, N)`` bias gathered from the table."""
+        return relative_position_bias(
+            self.relative_position_bias_table, self.relative_position_index
+        )
+
+
+class SwinBlock(Block):
+    """A Transformer block whose attention runs in (optionally shifted) windows.
+
+    Only :meth:`attend` differs from the shared :class:`Block`; norms, residuals, MLP and
+    stochastic depth are inherited, so norm placement works here too.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, shift: bool, **kw) -> None:
+        super().__init__(
+            dim, num_heads, attn_layer=partial(WindowAttention, window_size=window_size), **kw
+        )
+        self.window_size = window_size
+        self.shift_size = window_size // 2 if shift else 0
+        self._mask_cache: dict[tuple, torch.Tensor] = {}
+
+    def _mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            # never cache tensors made while tracing (they may be fake or symbolic)
+            return shifted_window_mask(Hp, Wp, self.window_size, shift).to(device)
+        key = (Hp, Wp, shift, device)
+        if key not in self._mask_cache:
+            self._mask_cache[key] = shifted_window_mask(Hp, Wp, self.window_size, shift).to(device)
+        return self._mask_cache[key]
+
+    def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:
+        _, H, W, _ = x.shape
+        ws = self.window_size
+        pad_h, pad_w = (ws - H % ws) % ws, (ws - W % ws) % ws
+        if pad_h or pad_w:
+            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        Hp, Wp = H + pad_h, W + pad_w
+        # a window covering the whole (padded) dim needs no shift
+        shift = (self.shift_size if ws < Hp else 0, self.shift_size if ws < Wp else 0)
+        if any(shift):
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+        bias = self.attn.rel_bias()  # (heads, N, N)
+        if any(shift):
+            bias = bias + self._mask(Hp, Wp, shift, x.device)  # (nW, heads, N, N)
+        windows = window_partition(x, ws)  # (B, nW, N, C)
+        windows = self.attn(windows, bias=bias)  # (B, nW, N, C)
+        x = window_reverse(windows, ws, Hp, Wp)  # (B, Hp, Wp, C)
+        if any(shift):
+            x = torch.roll(x, shifts=shift, dims=(1, 2))
+        return x[:, :H, :W, :] if pad_h or pad_w else x
+
+    def extra_repr(self) -> str:
+        return f"window_size={self.window_size}, shift_size={self.shift_size}"
+
+
+class PatchMerging(nn.Module):
+    """Halve resolution, double width: concat each 2x2 neighbourhood, norm, project."""
+
+    def __init__(self, dim: int, out_dim: int | None = None, norm_layer=LayerNorm) -> None:
+        super().__init__()
+        self.norm = norm_layer(4 * dim)
+        self.reduction = nn.Linear(4 * dim, out_dim or 2 * dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+            H, W = H + H % 2, W + W % 2
+        # order (0,0), (1,0), (0,1), (1,1) as the official repo, so checkpoints agree
+        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5)  # (B,h,w,2w,2h,C)
+        return self.reduction(self.norm(x.flatten(3)))  # (B, H/2, W/2, 2C)
+
+
+class SwinStage(nn.Module):
+    """Optional patch merging, then blocks alternating regular and shifted windows."""
+
+    def __init__(
+        self,
+        dim: int,
+        out_dim: int,
+        depth: int,
+        num_heads: int,
+        window_size: int,
+        downsample: bool,
+        drop_path: Sequence[float],
+        norm_layer=LayerNorm,
+        **block_kw,
+    ) -> None:
+        super().__init__()
+        self.downsample = PatchMerging(dim, out_dim, norm_layer) if downsample else nn.Identity()
+        self.blocks = nn.ModuleList(
+            SwinBlock(
+                out_dim,
+                num_heads,
+                window_size,
+                shift=i % 2 == 1,
+                drop_path=drop_path[i],
+                norm_layer=norm_layer,
+                **block_kw,
+            )
+            for i in range(depth)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.downsample(x)  # (B, H, W, C)
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+@dataclass(frozen=True)
+class SwinConfig:
+    """Architecture of a Swin Transformer."""
+
+    img_size: int = 224  # nominal only: the model runs at any size
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 96
+    depths: tuple[int, ...] = (2, 2, 6, 2)
+    num_heads: tuple[int, ...] = (3, 6, 12, 24)
+    window_size: int = 7
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    norm_place: str = "pre"
+    drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+
+
+class SwinTransformer(nn.Module):
+    """Hierarchical backbone: stage i has stride ``patch * 2**i`` and ``embed * 2**i`` channels."""
+
+    def __init__(self, cfg: SwinConfig) -> None:
+        super().__init__()
+        if len(cfg.depths) != len(cfg.num_heads):
+            raise ValueError(
+                f"depths {cfg.depths} and num_heads {cfg.num_heads} must have the same length"
+            )
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        self.in_chans = cfg.in_chans
+        self.patch_size = cfg.patch_size
+        self.min_size = cfg.patch_size * cfg.window_size
+        norm = partial(LayerNorm, eps=1e-5)
+        dims = [cfg.embed_dim * 2**i for i in range(len(cfg.depths))]
+        self.num_features = dims[-1]
+
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, norm_layer=norm)
+        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths)).split(list(cfg.depths))
+        self.layers = nn.Sequential(
+            *(
+                SwinStage(
+                    dims[max(i - 1, 0)],
+                    dims[i],
+                    cfg.depths[i],
+                    cfg.num_heads[i],
+                    cfg.window_size,
+                    downsample=i > 0,
+                    drop_path=dpr[i].tolist(),
+                    norm_layer=norm,
+                    mlp_ratio=cfg.mlp_ratio,
+                    qkv_bias=cfg.qkv_bias,
+                    proj_drop=cfg.proj_drop_rate,
+                    attn_drop=cfg.attn_drop_rate,
+                    norm_place=cfg.norm_place,
+                )
+                for i in range(len(cfg.depths))
+            )
+        )
+        self.norm = norm(self.num_features)
+        self.head = ClassifierHead(self.num_features, cfg.num_classes, cfg.drop_rate)
+        self.feature_info = [
+            {"module": f"layers.{i}", "num_chs": d, "reduction": cfg.patch_size * 2**i}
+            for i, d in enumerate(dims)
+        ]
+        self.apply(init_weights)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Image ``(B, C, H, W)`` -> normed last-stage map ``(B, H/32, W/32, C)`` (NHWC)."""
+        check_image(x, self.in_chans, self.min_size, type(self).__name__)
+        x = self.patch_embed(x)  # (B, H/4, W/4, C)
+        return self.norm(self.layers(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Average-pool the NHWC map and classify."""
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
+    ) -> list[torch.Tensor]:
+        """Per-stage NCHW maps (strides 4, 8, 16, 32 for patch 4).
+
+        ``norm`` applies the final norm to the last stage's map, as the classifier sees it.
+        """
+        take = select_indices(indices, len(self.layers), "stage")
+        check_image(x, self.in_chans, self.min_size, type(self).__name__)
+        x = self.patch_embed(x)
+        outs = []
+        for i, stage in enumerate(self.layers[: take[-1] + 1]):
+            x = stage(x)  # (B, H_i, W_i, C_i)
+            if i in take:
+                y = self.norm(x) if norm and i == len(self.layers) - 1 else x
+                outs.append(y.permute(0, 3, 1, 2).contiguous())  # (B, C_i, H_i, W_i)
+        return outs
+
+    def no_weight_decay(self) -> set[str]:
+        """The relative position tables are biases, not weights to shrink."""
+        return {n for n, _ in self.named_parameters() if "relative_position_bias_table" in n}
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Swap the head for fine-tuning on another label set."""
+        self.num_classes = num_classes
+        self.head = ClassifierHead(self.num_features, num_classes, self.cfg.drop_rate)
+
+
+class ClassifierHead(nn.Module):
+    """Global average pool over an NHWC map, dropout, linear (``head.fc`` as in timm)."""
+
+    def __init__(self, dim: int, num_classes: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
+
+    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.drop(x.mean(dim=(1, 2)))  # (B, C)
+        return x if pre_logits else self.fc(x)
+
+
+# --- registered sizes -------------------------------------------------------------------
+
+_SIZES = {
+    "swin_tiny_patch4_window7_224": dict(
+        embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)
+    ),
+    "swin_small_patch4_window7_224": dict(
+        embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)
+    ),
+    "swin_base_patch4_window7_224": dict(
+        embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)
+    ),
+    "swin_test": dict(
+        img_size=32,
+        patch_size=2,
+        embed_dim=16,
+        depths=(2, 2, 2, 2),
+        num_heads=(1, 2, 2, 4),
+        window_size=2,
+    ),
+    "swin_mnist": dict(
+        img_size=28,
+        patch_size=2,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=48,
+        depths=(2, 2, 2),
+        num_heads=(2, 4, 8),
+        window_size=7,
+        mlp_ratio=2.0,
+    ),
+}
+for _name, _kw in _SIZES.items():
+    register_model(_name, SwinTransformer, SwinConfig(**_kw))

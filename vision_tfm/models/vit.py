@@ -1,0 +1,246 @@
+"""Vision Transformer (Dosovitskiy et al. 2021), read top to bottom: config -> model -> sizes.
+
+State-dict keys match timm's ``VisionTransformer``, so timm checkpoints load as they are.
+Any input resolution works at run time: the learned position table is resampled to the
+token grid of the input (non-square included); sin-cos and RoPE are computed for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+
+from ..layers import (
+    NORM_PLACEMENTS,
+    Block,
+    PatchEmbed,
+    check_image,
+    get_mlp_layer,
+    get_norm_layer,
+    resample_abs_pos_embed,
+    rope_2d,
+    run_blocks,
+    sincos_2d,
+)
+from ._common import init_weights, select_indices
+from .registry import register_model
+
+__all__ = ["ViTConfig", "VisionTransformer"]
+
+POS_EMBEDS = ("learn", "sincos", "rope", "none")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of a ViT. Field names follow the field's vocabulary (timm, the paper)."""
+
+    img_size: int = 224  # training size: sets the learned position table's grid
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    class_token: bool = True
+    global_pool: str = "token"  # "token" (class token) or "avg" (mean of patch tokens)
+    pos_embed: str = "learn"  # "learn" | "sincos" | "rope" | "none"
+    rope_theta: float = 100.0
+    norm_place: str = "pre"  # "pre" | "post" | "residual"
+    norm_layer: str = "layernorm"
+    mlp_layer: str = "mlp"  # "mlp" | "swiglu"
+    init_values: float = 0.0  # LayerScale init; 0 = off
+    drop_rate: float = 0.0  # before the head
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+
+
+class VisionTransformer(nn.Module):
+    """ViT with class-token or average pooling, for any input size."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self._validate(cfg)
+        self.cfg = cfg
+        self.num_classes = cfg.num_classes
+        self.in_chans = cfg.in_chans
+        self.embed_dim = self.num_features = cfg.embed_dim
+        self.patch_size = cfg.patch_size
+        self.global_pool = cfg.global_pool
+        self.num_prefix_tokens = 1 if cfg.class_token else 0
+        self.grid = (cfg.img_size // cfg.patch_size,) * 2
+        norm = partial(get_norm_layer(cfg.norm_layer), eps=1e-6)
+        D = cfg.embed_dim
+
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        if cfg.pos_embed == "learn":
+            n_pos = self.grid[0] * self.grid[1] + self.num_prefix_tokens
+            self.pos_embed = nn.Parameter(torch.randn(1, n_pos, D) * 0.02)
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth decay
+        self.blocks = nn.ModuleList(
+            Block(
+                D,
+                cfg.num_heads,
+                cfg.mlp_ratio,
+                qkv_bias=cfg.qkv_bias,
+                qk_norm=cfg.qk_norm,
+                proj_drop=cfg.proj_drop_rate,
+                attn_drop=cfg.attn_drop_rate,
+                drop_path=dpr[i],
+                init_values=cfg.init_values or None,
+                norm_layer=norm,
+                mlp_layer=get_mlp_layer(cfg.mlp_layer),
+                norm_place=cfg.norm_place,
+            )
+            for i in range(cfg.depth)
+        )
+        # timm: with average pooling the final norm moves after pooling (fc_norm).
+        # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream.
+        use_fc_norm = cfg.global_pool == "avg"
+        final_norm = not use_fc_norm and cfg.norm_place != "post"
+        self.norm = norm(D) if final_norm or cfg.norm_place == "residual" else nn.Identity()
+        self.fc_norm = norm(D) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.feature_info = [
+            {"module": f"blocks.{i}", "num_chs": D, "reduction": cfg.patch_size}
+            for i in range(cfg.depth)
+        ]
+        self.apply(init_weights)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+
+    @staticmethod
+    def _validate(cfg: ViTConfig) -> None:
+        if cfg.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {cfg.global_pool!r}")
+        if cfg.global_pool == "token" and not cfg.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if cfg.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
+        if cfg.norm_place not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}")
+
+    # --- pieces, in the paper's order --------------------------------------------------
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict, tuple[int, int]]:
+        """Patchify, prepend the class token, add positions. Returns tokens, attn kwargs, grid."""
+        check_image(x, self.in_chans, self.patch_size, type(self).__name__)
+        x = self.patch_embed(x)  # (B, gh, gw, D)
+        B, gh, gw, D = x.shape
+        x = x.reshape(B, gh * gw, D)  # (B, N, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1+N, D)
+        attn_kw: dict = {}
+        if self.pos_embed is not None:
+            pos = resample_abs_pos_embed(
+                self.pos_embed, (gh, gw), self.grid, self.num_prefix_tokens
+            )
+            x = x + pos
+        elif self.cfg.pos_embed == "sincos":
+            pos = sincos_2d(gh, gw, D).to(x)  # (N, D); prefix tokens get no position
+            x = torch.cat([x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :] + pos], 1)
+        elif self.cfg.pos_embed == "rope":
+            sin, cos = rope_2d(gh, gw, D // self.cfg.num_heads, self.cfg.rope_theta)
+            attn_kw = {
+                "rope": (sin.to(x.device), cos.to(x.device)),
+                "num_prefix_tokens": self.num_prefix_tokens,
+            }
+        return self.pos_drop(x), attn_kw, (gh, gw)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Image ``(B, C, H, W)`` -> normed tokens ``(B, prefix + N, D)``."""
+        x, attn_kw, _ = self.embed(x)
+        x = run_blocks(self.blocks, x, final_dual_norm=self._dual_norm(), **attn_kw)
+        return x if self.cfg.norm_place == "residual" else self.norm(x)
+
+    def _dual_norm(self) -> nn.Module | None:
+        return self.norm if self.cfg.norm_place == "residual" else None
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool tokens and classify; ``pre_logits`` returns the pooled feature instead."""
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+        else:
+            x = x[:, 0]  # class token (B, D)
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
+    ) -> list[torch.Tensor]:
+        """Block outputs as NCHW maps ``(B, D, H/p, W/p)`` for dense heads and probes.
+
+        Args:
+            x: Images.
+            indices: Block indices (negative allowed), or an int for the last n blocks.
+            norm: Apply the final norm to each map (as detection necks usually want).
+        """
+        take = select_indices(indices, len(self.blocks), "block")
+        if self.cfg.norm_place == "residual":
+            raise ValueError("forward_intermediates is not defined for ResiDual blocks")
+        x, attn_kw, (gh, gw) = self.embed(x)
+        outs = []
+        for i, blk in enumerate(self.blocks[: take[-1] + 1]):
+            x = blk(x, **attn_kw)
+            if i in take:
+                y = self.norm(x) if norm else x
+                y = y[:, self.num_prefix_tokens :]  # drop class token (B, N, D)
+                outs.append(y.transpose(1, 2).reshape(y.shape[0], -1, gh, gw))  # (B, D, gh, gw)
+        return outs
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that weight decay would only shrink towards a meaningless zero."""
+        return {"pos_embed", "cls_token"}
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Swap the head for fine-tuning on another label set."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
+
+
+# --- registered sizes -------------------------------------------------------------------
+
+_SIZES = {
+    "vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12),
+    # tiny configs for tests and the embedded 28x28 digits
+    "vit_test": dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2),
+    "vit_test_avg_rope": dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        class_token=False,
+        global_pool="avg",
+        pos_embed="rope",
+    ),
+    "vit_mnist": dict(
+        img_size=28,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=192,
+        depth=6,
+        num_heads=3,
+        mlp_ratio=2.0,
+    ),
+}
+for _name, _kw in _SIZES.items():
+    register_model(_name, VisionTransformer, ViTConfig(**_kw))
