@@ -1,7 +1,16 @@
 """vision_tfm: ViT, Swin and a CNN+Transformer grasp hybrid on one shared Transformer core."""
 
+from . import detection
+from .detection import create_backbone
 from .models import create_model, list_models, load_pretrained
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "create_model", "list_models", "load_pretrained"]
+__all__ = [
+    "__version__",
+    "create_backbone",
+    "create_model",
+    "detection",
+    "list_models",
+    "load_pretrained",
+]

@@ -25,9 +25,10 @@ class ConfigError(ValueError):
     """A config key is unknown or its value has the wrong type."""
 
 
-def _hint(key: str, options: list[str]) -> str:
+def _hint(key: str, options: list[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(key, options, n=3)
-    return f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(options)}"
+    named = [prefix + c for c in (close or options)]
+    return f"; did you mean {', '.join(named)}?" if close else f"; valid keys: {', '.join(named)}"
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -98,9 +99,11 @@ def apply_overrides(cfg: T, overrides: Mapping[str, Any], prefix: str = "") -> T
     for key, value in overrides.items():
         head, _, rest = key.partition(".")
         if head not in names:
-            raise ConfigError(f"unknown config key {prefix + head!r}{_hint(head, names)}")
+            raise ConfigError(f"unknown config key {prefix + head!r}{_hint(head, names, prefix)}")
         sub = getattr(cfg, head)
-        if rest:
+        if rest and isinstance(sub, dict):
+            flat[head] = {**flat.get(head, sub), rest: value}  # free-form mapping (model kwargs)
+        elif rest:
             if not dataclasses.is_dataclass(sub):
                 raise ConfigError(f"config key {prefix + head!r} has no sub-keys")
             nested.setdefault(head, {})[rest] = value

@@ -5,17 +5,24 @@ import torch
 from conftest import input_size, tiny_overrides
 
 import vision_tfm as vt
+from vision_tfm.models.registry import get_model_entry
 
 ALL = vt.list_models()
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_forward_grad_and_intermediates(name, tiny_model):
-    m = tiny_model(name, num_classes=7).train()
+    dense = not hasattr(get_model_entry(name).cfg, "num_classes")  # e.g. grasp maps
+    m = tiny_model(name, **({} if dense else {"num_classes": 7})).train()
     x = torch.randn(2, *input_size(m))
     out = m(x)
-    assert out.shape == (2, 7) and torch.isfinite(out).all()
-    out.square().mean().backward()
+    if dense:  # a dict of full-resolution (B, 1, H, W) maps
+        for key, fmap in out.items():
+            assert fmap.shape == (2, 1, *x.shape[-2:]) and torch.isfinite(fmap).all(), key
+        sum(fmap.square().mean() for fmap in out.values()).backward()
+    else:
+        assert out.shape == (2, 7) and torch.isfinite(out).all()
+        out.square().mean().backward()
     for pname, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reached {pname}"
     m.eval()
@@ -25,8 +32,8 @@ def test_forward_grad_and_intermediates(name, tiny_model):
     for fmap, info in zip(maps, m.feature_info):
         r = info["reduction"]
         assert fmap.shape == (2, info["num_chs"], -(-H // r), -(-W // r)), info
-    # pre_logits gives the pooled feature
-    assert m.forward_head(m.forward_features(x), pre_logits=True).shape == (2, m.num_features)
+    if not dense:  # pre_logits gives the pooled feature
+        assert m.forward_head(m.forward_features(x), pre_logits=True).shape == (2, m.num_features)
 
 
 @pytest.mark.parametrize("name", ALL)

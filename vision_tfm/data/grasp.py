@@ -384,6 +384,7 @@ class GraspAugment:
         hflip: float = 0.5,
         vflip: float = 0.5,
         color_jitter: float = 0.2,
+        color_p: float = 0.8,
         depth_noise: float = 0.005,
         seed: int | None = None,
     ) -> None:
@@ -396,6 +397,7 @@ class GraspAugment:
             hflip: Probability of a horizontal flip.
             vflip: Probability of a vertical flip.
             color_jitter: Brightness, contrast and saturation range (0 disables; hue ±0.02).
+            color_p: Probability of the colour jitter.
             depth_noise: Standard deviation of the depth noise in metres (0 disables).
             seed: Seed for reproducible augmentation outside DataLoader workers.
         """
@@ -422,7 +424,7 @@ class GraspAugment:
                     contrast=(1 - j, 1 + j),
                     saturation=(1 - j, 1 + j),
                     hue=(-0.02, 0.02),
-                    p=0.8,
+                    p=color_p,
                 )
             )
         self.transform = A.Compose(
@@ -683,7 +685,10 @@ def build_grasp_datasets(
     Returns:
         ``(train, val, split_name)``; print ``split_name`` beside every reported figure.
     """
-    cls = {"cornell": CornellGrasp, "jacquard": JacquardGrasp}[name]
+    classes = {"cornell": CornellGrasp, "jacquard": JacquardGrasp}
+    if name not in classes:
+        raise ValueError(f"unknown grasp dataset {name!r}; expected one of {sorted(classes)}")
+    cls = classes[name]
     full = cls(root, **kwargs)
     groups = [v.object_id for v in full.views]
     train_ids, val_ids, how = split_ids(full.ids, split, train_frac, seed, groups=groups)

@@ -75,9 +75,10 @@ class ClsTransform:
         self.in_chans = in_chans
         self.pil_ops = pil_ops
         self._seed = torch.initial_seed()
-        self._reseed(self._seed)
+        self.reseed(self._seed)
 
-    def _reseed(self, seed: int) -> None:
+    def reseed(self, seed: int) -> None:
+        """Restart the augmentation stream (the engine does this per epoch for exact resume)."""
         # One shared stream for all ops; Compose(seed=...) would give each op the same stream.
         self.pipeline.set_random_state(np.random.default_rng(seed), random.Random(seed))
 
@@ -85,7 +86,7 @@ class ClsTransform:
         worker = get_worker_info()
         if worker is not None and worker.seed != self._seed:
             self._seed = worker.seed
-            self._reseed(worker.seed)
+            self.reseed(worker.seed)
         arr = to_in_chans(img, self.in_chans)
         if self.pil_ops is not None:
             # timm's RandAugment fills with an RGB mean, so run it in RGB and convert back.

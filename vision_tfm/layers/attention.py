@@ -68,6 +68,8 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.fused = True
+        self.store_attn = False  # keep the last softmax weights in `last_attn` (rollout maps)
+        self.last_attn: torch.Tensor | None = None
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
@@ -103,7 +105,7 @@ class Attention(nn.Module):
             k = apply_rope(k, rope, num_prefix_tokens)
         attn_bias = merge_bias_and_mask(bias, mask, q.dtype)
 
-        if self.fused and not return_attn:
+        if self.fused and not (return_attn or self.store_attn):
             drop = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
             attn = None
@@ -113,6 +115,8 @@ class Attention(nn.Module):
                 logits = logits + attn_bias
             attn = logits.softmax(dim=-1)
             out = self.attn_drop(attn) @ v  # (..., h, N, d)
+            if self.store_attn:
+                self.last_attn = attn.detach()
 
         out = out.transpose(-3, -2).reshape(*lead, N, C)  # (..., N, C)
         out = self.proj_drop(self.proj(out))

@@ -1,6 +1,6 @@
 """Model families; importing this registers every name."""
 
-from . import swin, vit  # noqa: F401  (registration side effects)
+from . import hybrid, swin, vit  # noqa: F401  (registration side effects)
 from .convert import load_pretrained
 from .registry import create_model, get_model_entry, list_models, register_model
 

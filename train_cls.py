@@ -1,0 +1,29 @@
+"""Train an image classifier (ViT, Swin or the hybrid) on the shared engine.
+
+python train_cls.py --model vit                      # embedded MNIST, no download
+python train_cls.py --model swin --epochs 30 --data ~/datasets/flowers
+python train_cls.py --config configs/cls/vit_s16_imagenet.yaml optim.lr=1e-3
+torchrun --nproc_per_node=2 train_cls.py --model vit
+python train_cls.py --resume runs/cls/vit_mnist-20261201-101500/last.pt
+"""
+
+from pathlib import Path
+
+from vision_tfm.data import infer_dataset_kind
+from vision_tfm.train import ClassificationTask, ClsConfig, Trainer
+from vision_tfm.train.launch import base_parser, resolve_config, run_cli
+
+CONFIGS = Path(__file__).resolve().parent / "configs" / "cls"
+
+
+def main() -> None:
+    args = base_parser(__doc__.splitlines()[0]).parse_args()
+    extra = {}
+    if args.data:
+        extra = {"data.name": infer_dataset_kind(args.data), "data.root": args.data}
+    cfg = resolve_config(ClsConfig(), args, CONFIGS, "_mnist", extra)
+    Trainer(cfg, ClassificationTask(cfg), resume=args.resume).fit(eval_only=args.eval_only)
+
+
+if __name__ == "__main__":
+    run_cli(main)

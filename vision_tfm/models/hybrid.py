@@ -1,0 +1,408 @@
+"""Lightweight CNN+Transformer hybrid: classification and dense grasp maps on one trunk.
+
+A conv stem (one full-resolution conv, then stride-2 stages with depthwise-residual blocks)
+shortens the token sequence cheaply, a few shared :class:`~vision_tfm.layers.Block` layers
+add global context on the coarse grid, and a head reads the result: average pooling for
+:class:`HybridClassifier`, a U-Net style conv decoder for :class:`GraspHybrid`. Both hold the
+same :class:`HybridTrunk` as ``trunk``, so trunk weights move between them as they are.
+
+Read top to bottom: conv blocks -> HybridTrunk -> the two models -> registered sizes.
+Position encodings are computed for the actual grid (2D sin-cos or RoPE), so any input size
+runs; the stem's stride-2 convs give ``ceil(H / 2**i)`` maps, with no padding needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers import (
+    NORM_PLACEMENTS,
+    Block,
+    LayerNorm,
+    check_image,
+    rope_2d,
+    run_blocks,
+    sincos_2d,
+)
+from ._common import init_weights, select_indices
+from .registry import register_model
+
+__all__ = [
+    "GraspHybrid",
+    "GraspHybridConfig",
+    "HybridClassifier",
+    "HybridConfig",
+    "HybridTrunk",
+    "HybridTrunkConfig",
+]
+
+POS_EMBEDS = ("sincos", "rope", "none")
+GRASP_KEYS = ("quality", "cos", "sin", "width")  # order of the decoder's output channels
+
+
+# --- conv building blocks --------------------------------------------------------------------
+
+
+class ConvNormAct(nn.Module):
+    """Conv -> BatchNorm -> GELU; BN rather than LayerNorm because it folds into the conv."""
+
+    def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 3, stride: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(
+            in_chs, out_chs, kernel_size, stride, padding=kernel_size // 2, bias=False
+        )
+        self.bn = nn.BatchNorm2d(out_chs)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class DwResBlock(nn.Module):
+    """``x + pw2(act(pw1(bn(dw3x3(x)))))``: ConvNeXt's block shape with a 3x3 kernel and BN.
+
+    The depthwise conv mixes space at a cost linear in width; the pointwise pair mixes channels.
+    """
+
+    def __init__(self, dim: int, expand: float = 2.0) -> None:
+        super().__init__()
+        hidden = int(dim * expand)
+        self.conv_dw = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, bias=False)
+        self.bn = nn.BatchNorm2d(dim)
+        self.pw1 = nn.Conv2d(dim, hidden, 1)
+        self.act = nn.GELU()
+        self.pw2 = nn.Conv2d(hidden, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.pw2(self.act(self.pw1(self.bn(self.conv_dw(x)))))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.conv_dw.in_channels}, hidden={self.pw1.out_channels}"
+
+
+def conv_stage(in_chs: int, out_chs: int, stride: int, depth: int) -> nn.Sequential:
+    """One resolution level: a (strided) 3x3 conv, then ``depth`` depthwise-residual blocks."""
+    return nn.Sequential(
+        ConvNormAct(in_chs, out_chs, 3, stride), *(DwResBlock(out_chs) for _ in range(depth))
+    )
+
+
+# --- the shared trunk ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HybridTrunkConfig:
+    """Architecture of the trunk; the model configs add their head's fields to these."""
+
+    img_size: int = 224  # nominal only: the model runs at any size >= one token
+    in_chans: int = 3
+    stem_chs: tuple[int, ...] = (8, 16, 32, 64)  # stage 0 at full res, then stride 2 each
+    stem_depths: tuple[int, ...] = (0, 1, 1, 1)  # depthwise-residual blocks per stem stage
+    embed_dim: int = 128
+    depth: int = 2
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    qkv_bias: bool = True
+    pos_embed: str = "sincos"  # "sincos" | "rope" | "none"
+    rope_theta: float = 100.0
+    norm_place: str = "pre"  # "pre" | "post" | "residual"
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+
+
+class HybridTrunk(nn.Module):
+    """Conv stem to a ``1 / 2**(S-1)`` grid for S stem stages, then Transformer blocks on it.
+
+    ``forward`` returns the normed token map ``(B, D, h, w)`` and every stem stage's map
+    (strides 1, 2, 4, ...), which dense heads use as skip connections.
+    """
+
+    def __init__(self, cfg: HybridTrunkConfig) -> None:
+        super().__init__()
+        self._validate(cfg)
+        self.pos_embed = cfg.pos_embed
+        self.rope_theta = cfg.rope_theta
+        self.residual = cfg.norm_place == "residual"
+        chs, D = cfg.stem_chs, cfg.embed_dim
+        self.reduction = 2 ** (len(chs) - 1)
+        self.stem = nn.ModuleList(
+            conv_stage(cfg.in_chans if i == 0 else chs[i - 1], c, 1 if i == 0 else 2, d)
+            for i, (c, d) in enumerate(zip(chs, cfg.stem_depths))
+        )
+        self.proj = nn.Conv2d(chs[-1], D, 1)  # stem width -> token width
+        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth decay
+        self.blocks = nn.ModuleList(
+            Block(
+                D,
+                cfg.num_heads,
+                cfg.mlp_ratio,
+                qkv_bias=cfg.qkv_bias,
+                proj_drop=cfg.proj_drop_rate,
+                attn_drop=cfg.attn_drop_rate,
+                drop_path=dpr[i],
+                norm_layer=LayerNorm,
+                norm_place=cfg.norm_place,
+            )
+            for i in range(cfg.depth)
+        )
+        # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream
+        self.norm = LayerNorm(D) if cfg.norm_place != "post" else nn.Identity()
+        self.feature_info = [
+            {"module": f"stem.{i}", "num_chs": c, "reduction": 2**i} for i, c in enumerate(chs)
+        ] + [{"module": "norm", "num_chs": D, "reduction": self.reduction}]
+
+    @staticmethod
+    def _validate(cfg: HybridTrunkConfig) -> None:
+        if len(cfg.stem_chs) != len(cfg.stem_depths) or not cfg.stem_chs:
+            raise ValueError(
+                f"stem_chs {cfg.stem_chs} and stem_depths {cfg.stem_depths} must be non-empty "
+                "and of the same length"
+            )
+        if cfg.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
+        if cfg.norm_place not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}")
+
+    def transform(self, x: torch.Tensor, norm: bool = True) -> torch.Tensor:
+        """Last stem map ``(B, C, h, w)`` -> tokens with global context, ``(B, D, h, w)``."""
+        x = self.proj(x)
+        B, D, h, w = x.shape
+        x = x.flatten(2).transpose(1, 2)  # (B, N, D); a view when x is channels_last
+        attn_kw: dict = {}
+        if self.pos_embed == "sincos":
+            x = x + sincos_2d(h, w, D).to(x)  # (N, D), MAE channel order
+        elif self.pos_embed == "rope":
+            sin, cos = rope_2d(h, w, D // self.blocks[0].attn.num_heads, self.rope_theta)
+            attn_kw = {"rope": (sin.to(x.device), cos.to(x.device))}
+        x = run_blocks(self.blocks, x, self.norm if self.residual else None, **attn_kw)
+        if norm and not self.residual:
+            x = self.norm(x)
+        return x.transpose(1, 2).reshape(B, D, h, w)  # (B, D, h, w), channels_last strides
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Image -> (normed token map ``(B, D, H/r, W/r)``, stem maps at strides 1, 2, ...)."""
+        x = x.contiguous(memory_format=torch.channels_last)  # see _stem_input
+        feats = []
+        for stage in self.stem:
+            x = stage(x)
+            feats.append(x)
+        return self.transform(x), feats
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
+    ) -> list[torch.Tensor]:
+        """Stem stage maps then the Transformer output, all NCHW (see ``feature_info``)."""
+        n = len(self.feature_info)
+        take = select_indices(indices, n, "stage")
+        outs = []
+        for i, stage in enumerate(self.stem[: take[-1] + 1]):
+            x = stage(x)
+            if i in take:
+                outs.append(x)
+        if take[-1] == n - 1:
+            outs.append(self.transform(x, norm=norm))
+        return outs
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction}, pos_embed={self.pos_embed}"
+
+
+class _HybridModel(nn.Module):
+    """What both heads share: the trunk, input checks, features and intermediates."""
+
+    def __init__(self, cfg: HybridTrunkConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.in_chans = cfg.in_chans
+        self.num_features = self.embed_dim = cfg.embed_dim
+        self.trunk = HybridTrunk(cfg)
+        self.feature_info = [
+            {**info, "module": f"trunk.{info['module']}"} for info in self.trunk.feature_info
+        ]
+
+    def _check(self, x: torch.Tensor) -> None:
+        check_image(x, self.in_chans, self.trunk.reduction, type(self).__name__)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Image ``(B, C, H, W)`` -> normed token map ``(B, D, H/r, W/r)`` (NCHW)."""
+        self._check(x)
+        return self.trunk(x)[0]
+
+    def forward_intermediates(
+        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
+    ) -> list[torch.Tensor]:
+        """Stem stages (strides 1, 2, 4, ...) then the token map, as NCHW maps.
+
+        Args:
+            x: Images.
+            indices: Indices into ``feature_info`` (negative allowed), or an int for the last n.
+            norm: Apply the final norm to the token map.
+        """
+        self._check(x)
+        return self.trunk.forward_intermediates(x, indices, norm)
+
+    def no_weight_decay(self) -> set[str]:
+        """Nothing is exempt by name: the position encodings are fixed, not learned."""
+        return set()
+
+
+# --- classification ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HybridConfig(HybridTrunkConfig):
+    """Trunk plus an average-pool classifier head."""
+
+    num_classes: int = 1000
+    drop_rate: float = 0.0  # before the head
+
+
+class HybridClassifier(_HybridModel):
+    """Trunk, global average pool, linear head."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__(cfg)
+        self.num_classes = cfg.num_classes
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.apply(init_weights)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Average-pool the NCHW token map and classify; ``pre_logits`` returns the pooled."""
+        x = self.head_drop(x.mean(dim=(2, 3)))  # (B, D)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Swap the head for fine-tuning on another label set."""
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
+
+
+# --- dense grasp maps ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraspHybridConfig(HybridTrunkConfig):
+    """Trunk plus a U-Net decoder to the four grasp maps; 4 input channels = RGB-D."""
+
+    in_chans: int = 4
+    dec_depth: int = 1  # depthwise-residual blocks per decoder level
+    quality_logits: bool = False  # True: raw quality logits (BCE-with-logits); else sigmoid
+
+
+class UpStage(nn.Module):
+    """Narrow with a 1x1 conv, upsample x2 (bilinear), add the stem skip, refine.
+
+    Narrowing first keeps the upsampling and the high-resolution work cheap.
+    """
+
+    def __init__(self, in_chs: int, out_chs: int, depth: int) -> None:
+        super().__init__()
+        self.reduce = ConvNormAct(in_chs, out_chs, kernel_size=1)
+        self.blocks = nn.Sequential(*(DwResBlock(out_chs) for _ in range(depth)))
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(self.reduce(x), size=skip.shape[-2:], mode="bilinear", align_corners=False)
+        return self.blocks(x + skip)  # (B, C_skip, H_skip, W_skip)
+
+
+class GraspHybrid(_HybridModel):
+    """Trunk plus a U-Net decoder: ``forward`` returns full-resolution grasp maps.
+
+    Output dict, each map ``(B, 1, H, W)`` at the input size:
+        quality: grasp success probability in [0, 1] (sigmoid), or logits when
+            ``cfg.quality_logits``.
+        cos, sin: ``cos 2θ`` and ``sin 2θ`` in [-1, 1] (tanh).
+        width: ``opening / WIDTH_SCALE`` in [0, 1] (sigmoid; see ``vision_tfm.grasp.maps``).
+
+    Inputs whose sides are not a multiple of the trunk's reduction are zero-padded at the
+    bottom/right and the maps are cropped back, so every level upsamples by exactly 2.
+    """
+
+    def __init__(self, cfg: GraspHybridConfig) -> None:
+        super().__init__(cfg)
+        chs = cfg.stem_chs
+        widths = [cfg.embed_dim, *chs[-2::-1]]  # coarse -> fine: tokens, then stem skips
+        self.decoder = nn.ModuleList(
+            UpStage(widths[i], widths[i + 1], cfg.dec_depth) for i in range(len(chs) - 1)
+        )
+        self.head = nn.Conv2d(chs[0], len(GRASP_KEYS), 1)
+        self.quality_logits = cfg.quality_logits
+        self.apply(init_weights)
+
+    def forward_head(self, x: torch.Tensor, skips: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Token map and stem maps (fine -> coarse) -> raw ``(B, 4, H, W)`` map logits."""
+        for stage, skip in zip(self.decoder, reversed(skips)):
+            x = stage(x, skip)
+        return self.head(x)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        self._check(x)
+        H, W = x.shape[-2:]
+        r = self.trunk.reduction
+        pad_h, pad_w = -H % r, -W % r
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        tokens, feats = self.trunk(x)
+        out = self.forward_head(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
+        q, c, s, w = out.split(1, dim=1)  # 4 x (B, 1, H, W)
+        return {
+            "quality": q if self.quality_logits else q.sigmoid(),
+            "cos": c.tanh(),
+            "sin": s.tanh(),
+            "width": w.sigmoid(),
+        }
+
+    def extra_repr(self) -> str:
+        return f"quality={'logits' if self.quality_logits else 'sigmoid'}"
+
+
+# --- registered sizes -------------------------------------------------------------------
+
+_CLASSIFIERS = {
+    "hybrid_test": dict(
+        img_size=32, stem_chs=(8, 16, 16), stem_depths=(0, 1, 1), embed_dim=32, num_heads=2
+    ),
+    # 28 -> 14 -> 7: 49 tokens, small enough to train on 2 CPU cores in minutes
+    "hybrid_mnist": dict(
+        img_size=28,
+        in_chans=1,
+        num_classes=10,
+        stem_chs=(16, 32, 64),
+        stem_depths=(0, 1, 1),
+        embed_dim=128,
+        depth=2,
+        num_heads=4,
+    ),
+    # 224 -> 14x14 tokens, ~5 M parameters
+    "hybrid_small": dict(
+        stem_chs=(16, 32, 64, 96, 160),
+        stem_depths=(0, 1, 2, 2, 2),
+        embed_dim=256,
+        depth=6,
+        num_heads=8,
+        mlp_ratio=3.0,
+        drop_path_rate=0.1,
+    ),
+}
+_GRASP = {
+    "grasp_hybrid_t": dict(
+        stem_chs=(8, 16, 32, 48), stem_depths=(0, 1, 1, 1), embed_dim=64, num_heads=2
+    ),
+    "grasp_hybrid_s": dict(
+        stem_chs=(12, 24, 48, 96), stem_depths=(0, 1, 2, 2), embed_dim=128, depth=4
+    ),
+}
+for _name, _kw in _CLASSIFIERS.items():
+    register_model(_name, HybridClassifier, HybridConfig(**_kw))
+for _name, _kw in _GRASP.items():
+    register_model(_name, GraspHybrid, GraspHybridConfig(**_kw))

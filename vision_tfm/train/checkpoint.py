@@ -1,0 +1,94 @@
+"""Checkpoints that are never half-written and resume bit-identically.
+
+Everything stored is loadable with ``torch.load(weights_only=True)``: tensors, plain
+containers and numbers only (numpy's RNG state is converted to a tensor for that reason).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["atomic_save", "get_rng_state", "load_checkpoint", "set_rng_state"]
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """Write to a temp file in the same directory, fsync, then ``os.replace``.
+
+    A crash or Ctrl-C mid-write leaves the previous file intact, never a truncated one.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training checkpoint safely, with one-line errors for the usual failures."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot read checkpoint {path}: {msg}") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise ValueError(f"{path} is not a vision_tfm training checkpoint (no model/config)")
+    return ckpt
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Every RNG a training step can draw from: torch (CPU, CUDA), numpy, Python."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": _py_state_to_plain(random.getstate()),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`get_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _py_state_to_plain(s: tuple) -> list:
+    version, internal, gauss = s
+    return [version, list(internal), gauss]

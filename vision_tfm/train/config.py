@@ -1,0 +1,156 @@
+"""Training configs: typed dataclasses are the single source of truth.
+
+A YAML file in ``configs/`` lists only what differs from these defaults; CLI ``key.sub=value``
+overrides come last. Unknown keys and wrong types fail in one line naming the key (see
+:func:`vision_tfm.config.apply_overrides`). The resolved config is saved in every run dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from ..config import ConfigError, apply_overrides, config_to_dict
+
+__all__ = [
+    "EmaConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "SchedConfig",
+    "config_hash",
+    "load_config",
+    "save_config",
+]
+
+T = TypeVar("T")
+
+
+@dataclass
+class ModelConfig:
+    """Which registered model to build and how to change it.
+
+    Attributes:
+        name: A registered name (``vt.list_models()``).
+        kwargs: Overrides of the family's config dataclass (``depth``, ``drop_path_rate``...).
+        pretrained: Optional checkpoint (timm / torchvision / official Swin) to start from.
+    """
+
+    name: str = "vit_mnist"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    pretrained: str = ""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (or any timm optimiser) with decoupled weight decay.
+
+    Attributes:
+        opt: timm optimiser name ("adamw", "sgd", "lamb"...).
+        lr: Peak learning rate for ``lr_base_batch`` images per step (see below).
+        lr_base_batch: If > 0, lr scales linearly with the global batch: ``lr * B / base``.
+        weight_decay: Applied to weights only; norms, biases, position embeddings and
+            tokens are exempt (timm's filter plus the model's ``no_weight_decay()``).
+        betas: Adam betas.
+        momentum: SGD momentum.
+        clip_grad: Max global gradient norm; 0 = no clipping.
+        accum_steps: Micro-batches accumulated per optimiser step.
+        layer_decay: Layer-wise lr decay factor (BEiT/MAE fine-tuning); 0 = off.
+    """
+
+    opt: str = "adamw"
+    lr: float = 1e-3
+    lr_base_batch: int = 0
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9
+    clip_grad: float = 0.0
+    accum_steps: int = 1
+    layer_decay: float = 0.0
+
+
+@dataclass
+class SchedConfig:
+    """Linear warmup then cosine decay, stepped every optimiser update."""
+
+    epochs: int = 10
+    warmup_epochs: float = 1.0
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+
+
+@dataclass
+class EmaConfig:
+    """Exponential moving average of the weights (timm ``ModelEmaV3``), evaluated alongside."""
+
+    enabled: bool = False
+    decay: float = 0.9998
+    warmup: bool = True
+
+
+@dataclass
+class RunConfig:
+    """Where and how a run executes.
+
+    Attributes:
+        out_dir: Parent of run directories (``<out_dir>/<model>-<timestamp>``).
+        seed: Seeds everything; with the same seed a CPU run is bit-reproducible.
+        precision: "fp32", or "amp": bf16 autocast on CPU, fp16 autocast + GradScaler on GPU,
+            or "bf16": bf16 autocast on any device.
+        device: "auto", "cpu" or "cuda".
+        threads: torch intra-op threads; 0 = leave torch's default.
+        log_interval: Steps between progress-bar / TensorBoard updates.
+        tensorboard: Write TensorBoard event files.
+        compile: ``torch.compile`` the model (compile time is reported).
+        plots: Write loss/accuracy and confusion-matrix PNGs at the end.
+        stop_after: Stop, resumably, after this many epochs in this invocation (0 = run to
+            the end); for job time limits. The schedule still spans ``sched.epochs``.
+    """
+
+    out_dir: str = "runs/cls"
+    seed: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    threads: int = 0
+    log_interval: int = 20
+    tensorboard: bool = True
+    compile: bool = False
+    plots: bool = True
+    stop_after: int = 0
+
+
+def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str, Any]) -> T:
+    """Defaults <- YAML file <- overrides, each checked against the dataclass fields."""
+    cfg = default
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping of config sections at the top level")
+        try:
+            cfg = apply_overrides(cfg, data)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}") from None
+    return apply_overrides(cfg, overrides)
+
+
+def save_config(cfg: Any, path: str | os.PathLike) -> None:
+    """Write the fully resolved config as YAML (what actually ran, not what was asked)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def config_hash(cfg: Any) -> str:
+    """Short stable hash of a resolved config, for export metadata and run bookkeeping."""
+    blob = json.dumps(config_to_dict(cfg), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

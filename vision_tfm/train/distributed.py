@@ -1,0 +1,46 @@
+"""DDP plumbing for ``torchrun``: gloo on CPU, nccl on GPU; rank 0 alone writes files."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_reduce_sum", "cleanup", "init_distributed", "is_main", "world_size"]
+
+
+def init_distributed(device: torch.device) -> bool:
+    """Join the process group when launched by torchrun; returns whether we are distributed."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+    return True
+
+
+def is_main() -> bool:
+    """Rank 0 (or not distributed): the one process that logs and writes."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def world_size() -> int:
+    """Number of processes (1 when not distributed)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks (identity when not distributed)."""
+    if dist.is_initialized():
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def cleanup() -> None:
+    """Leave the process group so the launcher exits cleanly."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

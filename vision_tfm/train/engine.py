@@ -1,0 +1,518 @@
+"""The one training engine, shared by classification and grasp detection.
+
+A :class:`Task` says what differs (model and data, loss, evaluation, end-of-run artefacts);
+:class:`Trainer` owns everything else: optimiser and schedule, precision, accumulation,
+clipping, EMA, checkpoints and exact resume, Ctrl-C, NaN guard, DDP and logging.
+
+Exact resume: at the start of every epoch all RNGs (torch, numpy, Python, the augmentation
+pipeline's own) are reseeded from ``(seed, epoch)``, and the shuffle order comes from a
+generator seeded the same way. A run stopped at an epoch boundary therefore continues on
+the same random stream as an uninterrupted one, and ends with bit-identical weights on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
+
+from .. import __version__
+from ..config import config_to_dict
+from .checkpoint import atomic_save, get_rng_state, load_checkpoint, set_rng_state
+from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, save_config
+from .distributed import all_reduce_sum, cleanup, init_distributed, is_main, world_size
+from .logging import MetricLogger
+
+__all__ = ["NonFiniteLossError", "Task", "Trainer", "TrainerConfig", "make_run_dir"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf; the last good checkpoint is kept."""
+
+
+class TrainerConfig(Protocol):
+    """The sections every task's config has (classification and grasp configs both do)."""
+
+    model: ModelConfig
+    optim: OptimConfig
+    sched: SchedConfig
+    ema: EmaConfig
+    run: RunConfig
+
+
+class Task(Protocol):
+    """What a training task supplies to the engine."""
+
+    metric: str  # primary validation metric, higher is better
+    batch_size: int
+    num_workers: int
+
+    def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
+        """Model, train and val datasets, and metadata stored in every checkpoint."""
+        ...
+
+    def collate(self, batch: list) -> Any:
+        """Collate samples into a batch (``default_collate`` for classification)."""
+        ...
+
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
+        """Forward a training batch; return the mean loss and the number of samples."""
+        ...
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device) -> dict:
+        """Validation metrics; counts must be summed with ``all_reduce_sum`` under DDP."""
+        ...
+
+    def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
+        """End-of-run artefacts (plots, overlays); called on rank 0 only."""
+        ...
+
+    def summary(self, metrics: dict[str, float]) -> str:
+        """The last stdout line, e.g. ``val top1: 0.9712``."""
+        ...
+
+
+@dataclass
+class _State:
+    epoch: int = 0  # epochs completed
+    step_in_epoch: int = 0  # micro-batches done in the current epoch (Ctrl-C mid-epoch)
+    num_updates: int = 0
+    best: float = -math.inf
+
+
+def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
+    """``<out_dir>/<name>-<timestamp>``; never reuses an existing directory."""
+    base = Path(out_dir) / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and Python RNGs."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return seed * 100_003 + epoch
+
+
+def _reseed_transforms(ds: Dataset, seed: int) -> None:
+    """Restart any augmentation pipeline that keeps its own RNG (albumentations does)."""
+    seen = 0
+    while ds is not None and seen < 4:  # unwrap Subset chains
+        tf = getattr(ds, "transform", None)
+        if tf is not None and hasattr(tf, "reseed"):
+            tf.reseed(seed)
+        for attr in ("augment",):
+            aug = getattr(ds, attr, None)
+            if aug is not None and hasattr(aug, "reseed"):
+                aug.reseed(seed)
+        ds = getattr(ds, "dataset", None)
+        seen += 1
+
+
+class Trainer:
+    """Runs a :class:`Task` under a config; see the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        task: Task,
+        resume: str | os.PathLike | None = None,
+        run_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.cfg, self.task = cfg, task
+        self.resume_path = Path(resume) if resume else None
+        self._run_dir = Path(run_dir) if run_dir else None
+        self._interrupted = False
+
+    # --- setup -------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        want = self.cfg.run.device
+        if want == "auto":
+            want = "cuda" if torch.cuda.is_available() else "cpu"
+        if want == "cuda" and not torch.cuda.is_available():
+            raise ValueError("run.device is 'cuda' but no CUDA device is available")
+        if want == "cuda" and "LOCAL_RANK" in os.environ:
+            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        return torch.device(want)
+
+    def _autocast(self):
+        p = self.cfg.run.precision
+        if p == "fp32":
+            return contextlib.nullcontext()
+        if p not in ("amp", "bf16"):
+            raise ValueError(f"run.precision must be 'fp32', 'amp' or 'bf16', got {p!r}")
+        dt = self.device.type
+        dtype = torch.float16 if (p == "amp" and dt == "cuda") else torch.bfloat16
+        return torch.autocast(device_type=dt, dtype=dtype)
+
+    def _lr(self, batch: int) -> float:
+        o = self.cfg.optim
+        return o.lr * batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if cfg.run.threads > 0:
+            torch.set_num_threads(cfg.run.threads)
+        self.device = self._device()
+        self.distributed = init_distributed(self.device)
+        seed_everything(cfg.run.seed)
+        self.ckpt = load_checkpoint(self.resume_path) if self.resume_path else None
+        model, self.train_ds, self.val_ds, self.meta = self.task.build()
+        if self.ckpt is not None:
+            self._check_compatible(model)
+        self.model = model.to(self.device)
+        self.ema = None
+        if cfg.ema.enabled:
+            self.ema = ModelEmaV3(self.model, decay=cfg.ema.decay, use_warmup=cfg.ema.warmup)
+        global_batch = self.task.batch_size * cfg.optim.accum_steps * world_size()
+        self.base_lr = self._lr(global_batch)
+        o = cfg.optim
+        self.optimizer = create_optimizer_v2(
+            self.model,
+            opt=o.opt,
+            lr=self.base_lr,
+            weight_decay=o.weight_decay,
+            momentum=o.momentum,
+            layer_decay=o.layer_decay or None,
+            **({"betas": o.betas} if "adam" in o.opt or "lamb" in o.opt else {}),
+        )
+        self.steps_per_epoch = max(1, self._num_batches() // o.accum_steps)
+        total = cfg.sched.epochs * self.steps_per_epoch
+        warm = min(int(cfg.sched.warmup_epochs * self.steps_per_epoch), max(total - 1, 0))
+        self.scheduler = CosineLRScheduler(
+            self.optimizer,
+            t_initial=max(total - warm, 1),
+            lr_min=cfg.sched.min_lr,
+            warmup_t=warm,
+            warmup_lr_init=cfg.sched.warmup_lr,
+            warmup_prefix=True,
+            t_in_epochs=False,
+        )
+        use_scaler = cfg.run.precision == "amp" and self.device.type == "cuda"
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
+        self.state = _State()
+        self.history: list[dict[str, Any]] = []
+        if self.ckpt is not None:
+            self._restore(self.ckpt)
+        self.train_model: nn.Module = self.model
+        if self.distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.model, device_ids=ids)
+        if cfg.run.compile:
+            t0 = time.perf_counter()
+            self.train_model = torch.compile(self.train_model)
+            self._compile_t0 = t0
+
+    def _check_compatible(self, model: nn.Module) -> None:
+        ck_name = self.ckpt["meta"].get("model_name")
+        if ck_name != self.meta["model_name"]:
+            raise ValueError(
+                f"{self.resume_path} holds a {ck_name!r} checkpoint, but the config asks for "
+                f"{self.meta['model_name']!r}"
+            )
+        own, theirs = model.state_dict(), self.ckpt["model"]
+        bad = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
+        if bad or set(theirs) - set(own):
+            raise ValueError(
+                f"{self.resume_path} does not fit model {ck_name!r} as configured "
+                f"(first mismatch: {(bad or sorted(set(theirs) - set(own)))[0]})"
+            )
+
+    def _restore(self, ck: dict[str, Any]) -> None:
+        self.model.load_state_dict(ck["model"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.scheduler.load_state_dict(ck["scheduler"])
+        if self.ema is not None and ck.get("ema") is not None:
+            self.ema.load_state_dict(ck["ema"])
+        self.scaler.load_state_dict(ck["scaler"])
+        s = ck["state"]
+        self.state = _State(s["epoch"], s["step_in_epoch"], s["num_updates"], s["best"])
+        self.history = list(ck.get("history", []))
+        self._resume_rng = ck.get("rng")
+
+    def _num_batches(self) -> int:
+        n = len(self.train_ds)
+        if self.distributed:
+            n = math.ceil(n / world_size())
+        return n // self.task.batch_size
+
+    def _train_loader(self, epoch: int, skip: int) -> DataLoader:
+        g = torch.Generator().manual_seed(_epoch_seed(self.cfg.run.seed, epoch))
+        if self.distributed:
+            sampler = DistributedSampler(self.train_ds, shuffle=True, seed=self.cfg.run.seed)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+        else:
+            order = torch.randperm(len(self.train_ds), generator=g).tolist()
+        batches = list(BatchSampler(order, self.task.batch_size, drop_last=True))[skip:]
+        return DataLoader(
+            self.train_ds,
+            batch_sampler=batches,
+            num_workers=self.task.num_workers,
+            collate_fn=self.task.collate,
+            generator=g,
+            persistent_workers=False,
+            pin_memory=self.device.type == "cuda",
+        )
+
+    def _val_loader(self) -> DataLoader:
+        idx = list(range(len(self.val_ds)))
+        if self.distributed:  # disjoint shards, no padding: counts summed across ranks are exact
+            idx = idx[torch.distributed.get_rank() :: world_size()]
+        batches = list(BatchSampler(idx, self.task.batch_size, drop_last=False))
+        return DataLoader(
+            self.val_ds,
+            batch_sampler=batches,
+            num_workers=self.task.num_workers,
+            collate_fn=self.task.collate,
+        )
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def _checkpoint(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "scaler": self.scaler.state_dict(),
+            "state": {
+                "epoch": s.epoch,
+                "step_in_epoch": s.step_in_epoch,
+                "num_updates": s.num_updates,
+                "best": s.best,
+            },
+            "rng": get_rng_state(),
+            "config": config_to_dict(self.cfg),
+            "meta": self.meta,
+            "history": self.history,
+            "version": __version__,
+        }
+
+    def _save(self, best: bool) -> None:
+        if not is_main():
+            return
+        ck = self._checkpoint()
+        atomic_save(ck, self.run_dir / "last.pt")
+        if best:
+            atomic_save(ck, self.run_dir / "best.pt")
+
+    # --- loop --------------------------------------------------------------------------
+
+    def _on_sigint(self, signum, frame) -> None:  # noqa: ARG002
+        if self._interrupted:  # second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self._interrupted = True
+        print("\ninterrupt: finishing this step, then writing a resumable checkpoint", flush=True)
+
+    def fit(self, eval_only: bool = False) -> dict[str, float]:
+        """Train (or just evaluate) and return the last validation metrics."""
+        self._setup()
+        try:
+            if eval_only:
+                metrics = self._evaluate()
+                if is_main():
+                    print(self.task.summary(metrics), flush=True)
+                return metrics
+            return self._fit()
+        finally:
+            cleanup()
+
+    def _prepare_run_dir(self) -> None:
+        if self.resume_path is not None:
+            self.run_dir = self.resume_path.parent  # continue the same run
+        elif self._run_dir is not None:
+            self.run_dir = self._run_dir
+            if is_main():
+                self.run_dir.mkdir(parents=True, exist_ok=False)
+        elif is_main():
+            self.run_dir = make_run_dir(self.cfg.run.out_dir, self.meta["model_name"])
+        else:
+            self.run_dir = Path(self.cfg.run.out_dir)
+        if is_main():
+            save_config(self.cfg, self.run_dir / "config.yaml")
+
+    def _fit(self) -> dict[str, float]:
+        cfg, s = self.cfg, self.state
+        self._prepare_run_dir()
+        logger = MetricLogger(self.run_dir, cfg.run.tensorboard) if is_main() else None
+        if is_main():
+            n_params = sum(p.numel() for p in self.model.parameters())
+            print(
+                f"run dir {self.run_dir} | {self.meta['model_name']} {n_params / 1e6:.2f}M params"
+                f" | {len(self.train_ds)} train / {len(self.val_ds)} val | device {self.device}"
+                f" x{world_size()} | lr {self.base_lr:.2e}",
+                flush=True,
+            )
+        prev = signal.signal(signal.SIGINT, self._on_sigint) if is_main() else None
+        metrics: dict[str, float] = {}
+        val_loader = self._val_loader()
+        last = cfg.sched.epochs
+        if cfg.run.stop_after > 0:
+            last = min(last, s.epoch + cfg.run.stop_after)
+        try:
+            while s.epoch < last:
+                epoch = s.epoch
+                seed_everything(_epoch_seed(cfg.run.seed, epoch))
+                _reseed_transforms(self.train_ds, _epoch_seed(cfg.run.seed, epoch))
+                if getattr(self, "_resume_rng", None) is not None and s.step_in_epoch:
+                    set_rng_state(self._resume_rng)  # continue a mid-epoch stream
+                self._resume_rng = None
+                t0 = time.perf_counter()
+                train_loss, seen = self._train_epoch(epoch, logger)
+                if self._interrupted:
+                    self._save(best=False)
+                    if is_main():
+                        print(
+                            f"checkpoint written: {self.run_dir / 'last.pt'} "
+                            f"(resume with --resume {self.run_dir / 'last.pt'})",
+                            flush=True,
+                        )
+                    sys.exit(130)
+                dt = time.perf_counter() - t0
+                metrics = self._evaluate(val_loader)
+                s.epoch, s.step_in_epoch = epoch + 1, 0
+                improved = metrics[self.task.metric] > s.best
+                s.best = max(s.best, metrics[self.task.metric])
+                row = {
+                    "epoch": epoch + 1,
+                    "train_loss": train_loss,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    **metrics,
+                    "epoch_time_s": round(dt, 2),
+                    "img_per_s": round(seen / dt, 1),
+                }
+                self.history.append(row)
+                self._save(best=improved)
+                if logger is not None:
+                    logger.epoch(row)
+                    shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+                    print(
+                        f"epoch {epoch + 1}/{cfg.sched.epochs} loss {train_loss:.4f} {shown}"
+                        f" ({dt:.1f}s, {seen / dt:.0f} img/s)",
+                        flush=True,
+                    )
+        finally:
+            if prev is not None:
+                signal.signal(signal.SIGINT, prev)
+            if logger is not None:
+                logger.close()
+        if is_main():
+            if s.epoch < cfg.sched.epochs:
+                print(
+                    f"stopped after epoch {s.epoch} of {cfg.sched.epochs}; resume with "
+                    f"--resume {self.run_dir / 'last.pt'}",
+                    flush=True,
+                )
+            elif cfg.run.plots:
+                self.task.finish(self.model, val_loader, self.run_dir, self.history)
+            print(self.task.summary(metrics or self.history[-1]), flush=True)
+        return metrics
+
+    def _train_epoch(self, epoch: int, logger: MetricLogger | None) -> tuple[float, int]:
+        cfg, s = self.cfg, self.state
+        accum = cfg.optim.accum_steps
+        loader = self._train_loader(epoch, s.step_in_epoch)
+        self.train_model.train()
+        total_loss, n_loss, seen = torch.zeros(()), 0, 0
+        bar = None
+        if is_main():
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=len(loader),
+                desc=f"epoch {epoch + 1}",
+                leave=False,
+                dynamic_ncols=True,
+                disable=None,
+            )
+        t_start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, batch in enumerate(loader):
+            with self._autocast():
+                loss, n = self.task.loss(self.train_model, batch, self.device)
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"loss became {loss.item()} at epoch {epoch + 1}, step {s.step_in_epoch + 1}; "
+                    f"stopping (last good checkpoint kept: {self.run_dir / 'last.pt'})"
+                )
+            self.scaler.scale(loss / accum).backward()
+            s.step_in_epoch += 1
+            if s.step_in_epoch % accum == 0:
+                self._optimizer_step()
+            total_loss += loss.detach().float().cpu()
+            n_loss += 1
+            seen += n * world_size()
+            if hasattr(self, "_compile_t0"):
+                if is_main():
+                    print(
+                        f"torch.compile: first step took {time.perf_counter() - self._compile_t0:.1f}s"
+                    )
+                del self._compile_t0
+            if bar is not None and (i % cfg.run.log_interval == 0 or i == len(loader) - 1):
+                lr = self.optimizer.param_groups[0]["lr"]
+                ips = seen / max(time.perf_counter() - t_start, 1e-9)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}")
+                if logger is not None:
+                    logger.scalar("train/loss", loss.item(), s.num_updates)
+                    logger.scalar("train/lr", lr, s.num_updates)
+            if bar is not None:
+                bar.update(1)
+            if self._interrupted:
+                break
+        if bar is not None:
+            bar.close()
+        mean = all_reduce_sum(total_loss / max(n_loss, 1)).item() / world_size()
+        return mean, seen
+
+    def _optimizer_step(self) -> None:
+        s, o = self.state, self.cfg.optim
+        if o.clip_grad > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), o.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        s.num_updates += 1
+        self.scheduler.step_update(num_updates=s.num_updates)
+        if self.ema is not None:
+            self.ema.update(self.model, step=s.num_updates)
+
+    @torch.no_grad()
+    def _evaluate(self, loader: DataLoader | None = None) -> dict[str, float]:
+        loader = loader or self._val_loader()
+        with self._autocast():
+            metrics = self.task.evaluate(self.model.eval(), loader, self.device)
+            if self.ema is not None:
+                ema_m = self.task.evaluate(self.ema.module.eval(), loader, self.device)
+                metrics.update({f"ema_{k}": v for k, v in ema_m.items() if not k.startswith("_")})
+        return {k: v for k, v in metrics.items() if not k.startswith("_")}

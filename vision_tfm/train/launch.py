@@ -1,0 +1,94 @@
+"""What ``train_cls.py`` and ``train_grasp.py`` share: CLI parsing into a resolved config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..config import ConfigError, apply_overrides, parse_cli_overrides
+from .checkpoint import load_checkpoint
+from .engine import NonFiniteLossError
+
+__all__ = ["base_parser", "resolve_config", "run_cli"]
+
+T = TypeVar("T")
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """Flags common to every training script; ``key.sub=value`` overrides go last."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", help="YAML file listing what differs from the defaults")
+    p.add_argument("--model", help="a short recipe name (see configs/) or a registered model")
+    p.add_argument("--epochs", type=int, help="shortcut for sched.epochs")
+    p.add_argument("--data", help="dataset root")
+    p.add_argument("--resume", help="continue from a last.pt/best.pt checkpoint")
+    p.add_argument("--eval-only", action="store_true", help="evaluate --resume and exit")
+    p.add_argument("--out-dir", help="parent of the run directory (run.out_dir)")
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. optim.lr=1e-3")
+    return p
+
+
+def resolve_config(
+    default: T,
+    args: argparse.Namespace,
+    config_dir: Path,
+    recipe_suffix: str,
+    extra: dict[str, Any] | None = None,
+) -> T:
+    """Defaults <- (checkpoint config | recipe YAML | --config) <- flags <- overrides.
+
+    ``--model vit`` picks ``<config_dir>/vit<recipe_suffix>.yaml`` when it exists;
+    any other name is taken as a registered model.
+    """
+    from .config import load_config
+
+    over: dict[str, Any] = {}
+    cfg_path = args.config
+    if args.model:
+        recipe = config_dir / f"{args.model}{recipe_suffix}.yaml"
+        if recipe.is_file() and not args.config and not args.resume:
+            cfg_path = str(recipe)
+        elif not recipe.is_file():
+            over["model.name"] = args.model
+    if args.epochs is not None:
+        over["sched.epochs"] = args.epochs
+    if args.out_dir:
+        over["run.out_dir"] = args.out_dir
+    over.update(extra or {})
+    over.update(parse_cli_overrides(args.overrides))
+    if args.resume:
+        over.setdefault("run.stop_after", 0)  # a per-invocation limit, not part of the recipe
+        ckpt = load_checkpoint(args.resume)
+        base = apply_overrides(default, ckpt["config"])
+        if args.model and over.get("model.name", base.model.name) != base.model.name:
+            raise ValueError(
+                f"{args.resume} holds a {base.model.name!r} checkpoint, "
+                f"but --model asks for {over['model.name']!r}"
+            )
+        if args.model and "model.name" not in over:  # a recipe alias: check it names this model
+            import yaml
+
+            recipe = config_dir / f"{args.model}{recipe_suffix}.yaml"
+            name = (yaml.safe_load(recipe.read_text()) or {}).get("model", {}).get("name")
+            if name and name != base.model.name:
+                raise ValueError(
+                    f"{args.resume} holds a {base.model.name!r} checkpoint, but --model "
+                    f"{args.model} is the {name!r} recipe"
+                )
+        return load_config(base, None, over)
+    return load_config(default, cfg_path, over)
+
+
+def run_cli(main: Callable[[], Any]) -> None:
+    """Run a script's main; expected failures print one line and exit non-zero."""
+    try:
+        main()
+    except NonFiniteLossError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)
+    except (ValueError, FileNotFoundError, ConfigError, NotADirectoryError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,80 @@
+"""Attention rollout (Abnar & Zuidema 2020): where a ViT looks, as a heat map over the image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import Attention
+
+__all__ = ["attention_rollout", "save_heatmap_overlay"]
+
+
+@torch.no_grad()
+def attention_rollout(
+    model: nn.Module, x: torch.Tensor, discard_ratio: float = 0.0
+) -> torch.Tensor:
+    """Relevance of each patch to the prediction, ``(B, gh, gw)`` in [0, 1].
+
+    Each layer's head-averaged attention is mixed with the identity (the residual path),
+    row-normalised, and the layers are multiplied in order. The class-token row gives the
+    map; models without a class token use the mean over all query rows.
+    """
+    if not hasattr(model, "blocks") or not hasattr(model, "embed"):
+        raise ValueError(f"attention rollout needs a ViT, got {type(model).__name__}")
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    for a in attns:
+        a.store_attn, a.last_attn = True, None
+    try:
+        model.eval()(x)
+        _, _, (gh, gw) = model.embed(x)
+        maps = [a.last_attn for a in attns]
+    finally:
+        for a in attns:
+            a.store_attn, a.last_attn = False, None
+    B, _, N, _ = maps[0].shape
+    eye = torch.eye(N, device=x.device)
+    roll = eye.expand(B, N, N)
+    for att in maps:
+        a = att.mean(dim=1)  # (B, N, N), mean over heads
+        if discard_ratio > 0:  # drop the weakest links, keep the diagonal
+            flat = a.flatten(1)
+            k = int(flat.shape[1] * discard_ratio)
+            idx = flat.topk(k, dim=1, largest=False).indices
+            flat.scatter_(1, idx, 0)
+            a = flat.view(B, N, N)
+        a = 0.5 * a + 0.5 * eye
+        a = a / a.sum(dim=-1, keepdim=True)
+        roll = a @ roll
+    p = model.num_prefix_tokens
+    rel = roll[:, 0, p:] if p else roll.mean(dim=1)  # (B, gh*gw)
+    rel = rel.reshape(B, gh, gw)
+    lo, hi = rel.amin((1, 2), keepdim=True), rel.amax((1, 2), keepdim=True)
+    return (rel - lo) / (hi - lo).clamp_min(1e-12)
+
+
+def save_heatmap_overlay(image: np.ndarray, heat: torch.Tensor, path: str | Path) -> None:
+    """Blend a ``(gh, gw)`` heat map, upsampled bilinearly, over an HWC uint8 image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h, w = image.shape[:2]
+    up = F.interpolate(heat[None, None].float(), size=(h, w), mode="bilinear", align_corners=False)
+    up = up[0, 0].cpu().numpy()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4))
+    shown = image[..., 0] if image.ndim == 3 and image.shape[2] == 1 else image
+    for ax in axes:
+        ax.imshow(shown, cmap="gray" if shown.ndim == 2 else None)
+        ax.axis("off")
+    axes[1].imshow(up, cmap="jet", alpha=0.5)
+    axes[0].set_title("input")
+    axes[1].set_title("attention rollout")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
