@@ -117,7 +117,7 @@ def test_sigint_writes_resumable_checkpoint(tmp_path):
     assert e.value.code == 130
     ck = load_checkpoint(trainer.run_dir / "last.pt")
     assert ck["state"]["epoch"] == 0 and ck["state"]["step_in_epoch"] == 2
-    resumed, metrics = run(cfg, resume=trainer.run_dir / "last.pt")
+    resumed, _ = run(cfg, resume=trainer.run_dir / "last.pt")
     assert resumed.state.epoch == 2 and resumed.state.num_updates == 8
 
 

@@ -436,6 +436,11 @@ class GraspAugment:
         self.rng = np.random.default_rng(seed)
         self._worker_seed: int | None = None
 
+    def reseed(self, seed: int) -> None:
+        """Restart the random streams (the training engine does this every epoch)."""
+        self.transform.set_random_seed(seed % 2**32)
+        self.rng = np.random.default_rng(seed)
+
     def _reseed_in_worker(self) -> None:
         info = torch.utils.data.get_worker_info()
         if info is not None and info.seed != self._worker_seed:

@@ -328,7 +328,7 @@ class Trainer:
 
     # --- loop --------------------------------------------------------------------------
 
-    def _on_sigint(self, signum, frame) -> None:  # noqa: ARG002
+    def _on_sigint(self, signum, frame) -> None:
         if self._interrupted:  # second Ctrl-C: give up at once
             raise KeyboardInterrupt
         self._interrupted = True
@@ -474,17 +474,15 @@ class Trainer:
             seen += n * world_size()
             if hasattr(self, "_compile_t0"):
                 if is_main():
-                    print(
-                        f"torch.compile: first step took {time.perf_counter() - self._compile_t0:.1f}s"
-                    )
+                    took = time.perf_counter() - self._compile_t0
+                    print(f"torch.compile: first step (compile included) took {took:.1f}s")
                 del self._compile_t0
             if bar is not None and (i % cfg.run.log_interval == 0 or i == len(loader) - 1):
                 lr = self.optimizer.param_groups[0]["lr"]
                 ips = seen / max(time.perf_counter() - t_start, 1e-9)
                 bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}")
                 if logger is not None:
-                    logger.scalar("train/loss", loss.item(), s.num_updates)
-                    logger.scalar("train/lr", lr, s.num_updates)
+                    logger.step(s.num_updates, loss.item(), lr)
             if bar is not None:
                 bar.update(1)
             if self._interrupted:

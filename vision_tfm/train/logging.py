@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ class MetricLogger:
 
     def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
         self.csv_path = run_dir / "metrics.csv"
+        self.steps_path = run_dir / "steps.csv"
         self.tb = None
         if tensorboard:
             try:
@@ -31,19 +31,27 @@ class MetricLogger:
         if self.tb is not None:
             self.tb.add_scalar(tag, value, step)
 
+    def step(self, step: int, loss: float, lr: float) -> None:
+        """Per-step training loss (every ``log_interval`` steps) for loss-curve plots."""
+        self.scalar("train/loss", loss, step)
+        self.scalar("train/lr", lr, step)
+        self._append(self.steps_path, {"step": step, "loss": loss, "lr": lr})
+
     def epoch(self, row: dict[str, Any]) -> None:
         """Write an epoch row; the header follows the first row's keys."""
-        new = not self.csv_path.exists()
-        with open(self.csv_path, "a", newline="") as f:
+        self._append(self.csv_path, row)
+        for k, v in row.items():
+            if k != "epoch" and isinstance(v, (int, float)):
+                self.scalar(f"epoch/{k}", v, int(row["epoch"]))
+
+    @staticmethod
+    def _append(path: Path, row: dict[str, Any]) -> None:
+        new = not path.exists()
+        with open(path, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(row), extrasaction="ignore")
             if new:
                 w.writeheader()
             w.writerow(row)
-            f.flush()
-            os.fsync(f.fileno())
-        for k, v in row.items():
-            if k != "epoch" and isinstance(v, (int, float)):
-                self.scalar(f"epoch/{k}", v, int(row["epoch"]))
 
     def close(self) -> None:
         if self.tb is not None:

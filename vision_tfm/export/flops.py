@@ -1,0 +1,62 @@
+"""FLOPs per image and this machine's matmul ceiling, to say how close a format runs to it.
+
+Convention: 1 multiply-add = 2 FLOPs (``torch.utils.flop_counter``'s, and the usual one for
+"GFLOPs" in papers that count MACs x 2). Only matmuls, convolutions and attention are
+counted; norms, softmax and activations are left out, as every FLOP table does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = ["count_flops", "matmul_ceiling", "torch_threads"]
+
+
+def count_flops(model: nn.Module, x: torch.Tensor) -> float:
+    """FLOPs of one forward pass over ``x`` divided by its batch size (FLOPs per image)."""
+    counter = FlopCounterMode(display=False)
+    with counter, torch.inference_mode():
+        model(x)
+    return counter.get_total_flops() / x.shape[0]
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run torch on ``n`` intra-op threads (0 = leave as is), then restore the count."""
+    prev = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+def matmul_ceiling(
+    dtype: torch.dtype = torch.float32, threads: int = 0, n: int = 2048, seconds: float = 1.0
+) -> float:
+    """Best FLOP/s of an ``n x n`` matmul in ``dtype`` on ``threads`` torch threads.
+
+    The best of several runs (not the mean) is the ceiling: a shared machine only ever
+    makes a run slower.
+    """
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    flops = 2.0 * n**3
+    best = float("inf")
+    with torch_threads(threads), torch.inference_mode():
+        torch.mm(a, b)  # warm up: allocation, kernel selection
+        start = time.perf_counter()
+        runs = 0
+        while runs < 3 or time.perf_counter() - start < seconds:
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+            runs += 1
+    return flops / best
