@@ -1,4 +1,4 @@
-"""``vtfm``: predict, attention maps (and, as they land, grasp, export, benchmark)."""
+"""``vtfm``: predict, attention maps, ONNX export and the format benchmark."""
 
 from __future__ import annotations
 
@@ -51,6 +51,70 @@ def cmd_attention(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _hw(text: str) -> tuple[int, int]:
+    """``"224"`` -> (224, 224); ``"224x320"`` -> (224, 320)."""
+    try:
+        parts = [int(v) for v in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts, default=0) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size like 224 or 224x320, got {text!r}")
+    return (parts[0], parts[-1])
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    """Export a checkpoint to ONNX (+ int8), check parity, write the files and metadata."""
+    from .export import ExportOptions, export_checkpoint
+
+    int8 = ("dynamic", "static") if args.int8 == "both" else (args.int8,) if args.int8 else ()
+    opts = ExportOptions(
+        out=args.out,
+        dynamic=args.dynamic,
+        opset=args.opset,
+        attention=args.attention,
+        img_size=args.img_size,
+        int8=int8,
+        calib_data=args.calib_data,
+        calib_size=args.calib_size,
+        atol=args.atol,
+        parity_images=args.parity_images,
+        val_images=args.val_images,
+        overwrite=args.overwrite,
+        ema=args.ema,
+    )
+    export_checkpoint(args.checkpoint, opts)
+
+
+def cmd_benchmark(args: argparse.Namespace) -> None:
+    """Print and write (Markdown, CSV, JSON) one row per format."""
+    from .export import BenchOptions, benchmark_checkpoint, write_tables
+    from .export.benchmark import TABLE_FILES, markdown_table
+    from .export.pipeline import refuse_existing
+
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "benchmark"
+    refuse_existing([out / n for n in TABLE_FILES], args.overwrite)
+    given = {
+        "formats": tuple(f.strip() for f in args.formats.split(",") if f.strip()),
+        "threads": args.threads,
+        "warmup": args.warmup,
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "batch": args.batch,
+        "val_images": args.val_images,
+        "opset": args.opset,
+        "calib_data": args.calib_data,
+        "calib_size": args.calib_size,
+        "ema": args.ema,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
+    progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    result = benchmark_checkpoint(args.checkpoint, opts, args.keep_exports, log=progress)
+    print(markdown_table(result))
+    for path in write_tables(result, out):
+        print(f"wrote {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vtfm", description="vision_tfm command line")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -68,7 +132,55 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--overwrite", action="store_true")
     at.add_argument("--ema", action="store_true")
     at.set_defaults(fn=cmd_attention)
+    _add_export(sub)
+    _add_benchmark(sub)
     return p
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    ex = sub.add_parser("export", help="ONNX export (fp32, dynamic shapes, int8) + parity check")
+    ex.add_argument("--checkpoint", required=True)
+    ex.add_argument("--format", default="onnx", choices=["onnx"])
+    ex.add_argument("--out", help=".onnx path (default: model.onnx beside the checkpoint)")
+    ex.add_argument("--dynamic", default="batch", help="batch, hw, batch,hw or none")
+    ex.add_argument("--opset", type=int, default=18, help="18..25; SDPA -> Attention at >= 23")
+    ex.add_argument("--attention", default="auto", choices=["auto", "fused", "explicit"])
+    ex.add_argument("--img-size", type=_hw, help="export size, e.g. 28 or 28x42")
+    ex.add_argument("--int8", choices=["dynamic", "static", "both"])
+    ex.add_argument("--calib-data", help="images, ImageFolder, CIFAR or MNIST idx folder")
+    ex.add_argument("--calib-size", type=int, default=256, help="calibration images")
+    ex.add_argument("--atol", type=float, default=1e-4, help="parity tolerance (max abs diff)")
+    ex.add_argument("--parity-images", type=int, default=16, help="val images per parity check")
+    ex.add_argument("--val-images", type=int, default=0, help="int8 scoring images (0 = all)")
+    ex.add_argument("--overwrite", action="store_true")
+    ex.add_argument("--ema", action="store_true")
+    ex.set_defaults(fn=cmd_export)
+
+
+def _add_benchmark(sub: argparse._SubParsersAction) -> None:
+    bm = sub.add_parser("benchmark", help="latency/accuracy table over export formats")
+    bm.add_argument("--checkpoint", required=True)
+    bm.add_argument(
+        "--formats",
+        default="torch,torch-bf16,onnx,onnx-int8-dynamic,onnx-int8-static",
+        help="comma list of torch, torch-bf16, onnx, onnx-opset23, onnx-int8-dynamic, "
+        "onnx-int8-static",
+    )
+    bm.add_argument("--threads", type=int, default=2)
+    bm.add_argument("--out", help="folder for benchmark.{md,csv,json} (default: beside ckpt)")
+    bm.add_argument("--quick", action="store_true", help="few runs and images: a smoke test")
+    bm.add_argument("--warmup", type=int, help="warmup runs (default 10)")
+    bm.add_argument("--runs", type=int, help="at least this many timed runs (default 50)")
+    bm.add_argument("--seconds", type=float, help="and at least this long (default 10)")
+    bm.add_argument("--batch", type=int, help="throughput batch (default 32)")
+    bm.add_argument("--val-images", type=int, help="val images scored (default: all)")
+    bm.add_argument("--opset", type=int)
+    bm.add_argument("--calib-data")
+    bm.add_argument("--calib-size", type=int)
+    bm.add_argument("--keep-exports", help="keep the exported files in this folder")
+    bm.add_argument("--overwrite", action="store_true")
+    bm.add_argument("--ema", action="store_true")
+    bm.set_defaults(fn=cmd_benchmark)
 
 
 def main(argv: list[str] | None = None) -> None:

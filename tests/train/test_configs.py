@@ -51,26 +51,26 @@ def test_override_typing_rules():
     assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
     assert cfg.aug.scale == (0.8, 1.2) and cfg.model.kwargs == {"depth": 2}
     with pytest.raises(
-        ConfigError, match="config key 'sched.epochs': expected an integer, got 2.5"
+        ConfigError, match=r"config key 'sched.epochs': expected an integer, got 2.5"
     ):
         apply_overrides(ClsConfig(), {"sched.epochs": 2.5})
-    with pytest.raises(ConfigError, match="config key 'run.plots': expected true/false"):
+    with pytest.raises(ConfigError, match=r"config key 'run.plots': expected true/false"):
         apply_overrides(ClsConfig(), {"run.plots": "yes please"})
-    with pytest.raises(ConfigError, match="config key 'aug.scale': expected 2 values, got 3"):
+    with pytest.raises(ConfigError, match=r"config key 'aug.scale': expected 2 values, got 3"):
         apply_overrides(ClsConfig(), {"aug.scale": [1, 2, 3]})
-    with pytest.raises(ConfigError, match="unknown config key 'dat'; did you mean data"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'dat'; did you mean data"):
         apply_overrides(ClsConfig(), {"dat.name": "x"})
-    with pytest.raises(ConfigError, match="not of the form"):
+    with pytest.raises(ConfigError, match=r"not of the form"):
         parse_cli_overrides(["optim.lr"])
 
 
 def test_yaml_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("optim:\n  lr: [1, 2\n")
-    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML"):
         load_config(ClsConfig(), bad, {})
     bad.write_text("optim:\n  learning_rate: 1\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'optim.learning_rate'"):
         load_config(ClsConfig(), bad, {})
-    with pytest.raises(FileNotFoundError, match="config file not found"):
+    with pytest.raises(FileNotFoundError, match=r"config file not found"):
         load_config(ClsConfig(), tmp_path / "none.yaml", {})

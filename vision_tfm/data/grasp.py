@@ -312,14 +312,28 @@ def split_ids(
 # ---------------------------------------------------------------------------------------------
 
 
-def _load_rgb(path: Path) -> np.ndarray:
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"))
+def load_rgb(path: str | Path) -> np.ndarray:
+    """Decode an RGB view; a missing or corrupt file is a one-line error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image file not found: {path}")
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except (OSError, SyntaxError, ValueError) as e:
+        raise GraspDataError(f"cannot decode image {path}: {e}") from None
 
 
-def _load_depth(path: Path) -> np.ndarray:
-    with Image.open(path) as im:
-        depth = np.asarray(im, dtype=np.float32)
+def load_depth(path: str | Path) -> np.ndarray:
+    """Decode a float depth TIFF (Pillow reads Cornell's and Jacquard's LZW files)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"depth file not found: {path}")
+    try:
+        with Image.open(path) as im:
+            depth = np.asarray(im, dtype=np.float32)
+    except (OSError, SyntaxError, ValueError) as e:
+        raise GraspDataError(f"cannot decode depth {path}: {e}") from None
     if depth.ndim != 2:
         raise GraspDataError(f"{path}: expected a single-channel depth image, got {depth.shape}")
     return depth
@@ -347,7 +361,7 @@ def normalise_depth(depth: np.ndarray, clip: float = DEPTH_CLIP) -> np.ndarray:
     return np.clip(depth - depth.mean(), -clip, clip).astype(np.float32)
 
 
-def _to_input(rgb: np.ndarray | None, depth: np.ndarray | None) -> torch.Tensor:
+def to_input(rgb: np.ndarray | None, depth: np.ndarray | None) -> torch.Tensor:
     """Stack ImageNet-normalised RGB and depth into a ``(C, S, S)`` float32 tensor."""
     channels = []
     if rgb is not None:
@@ -523,6 +537,15 @@ class GraspDataset(Dataset):
             for v in views:
                 if v.depth_path is None:
                     raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
+        if crop_size:
+            for v in views:  # header only: fail before a run starts, not at the first batch
+                path = v.rgb_path if input != "depth" else v.depth_path
+                with Image.open(path) as im:
+                    w, h = im.size
+                if crop_size > min(w, h):
+                    raise GraspDataError(
+                        f"{path}: image {w}x{h} is smaller than the {crop_size}x{crop_size} crop"
+                    )
         self.views = list(views)
         self.input = input
         self.output_size = output_size
@@ -546,8 +569,8 @@ class GraspDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
         view = self.views[index]
-        rgb = _load_rgb(view.rgb_path) if self.input != "depth" else None
-        depth = _load_depth(view.depth_path) if self.input != "rgb" else None
+        rgb = load_rgb(view.rgb_path) if self.input != "depth" else None
+        depth = load_depth(view.depth_path) if self.input != "rgb" else None
         if rgb is not None and depth is not None and rgb.shape[:2] != depth.shape:
             raise GraspDataError(
                 f"{view.depth_path}: depth {depth.shape} does not match RGB {rgb.shape[:2]}"
@@ -562,24 +585,13 @@ class GraspDataset(Dataset):
         x0 = int(np.clip(round(cx - crop / 2), 0, W - crop))
         y0 = int(np.clip(round(cy - crop / 2), 0, H - crop))
         S = self.output_size
-        scale = S / crop
-        interp = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-        if rgb is not None:
-            rgb = cv2.resize(rgb[y0 : y0 + crop, x0 : x0 + crop], (S, S), interpolation=interp)
-        if depth is not None:
-            depth = fill_depth_holes(depth[y0 : y0 + crop, x0 : x0 + crop])
-            depth = normalise_depth(
-                cv2.resize(depth, (S, S), interpolation=interp), self.depth_clip
-            )
-        # Pixel centres sit at integer coordinates; cv2.resize maps x to (x + 0.5) * scale - 0.5.
-        rects = ((view.rects - np.array([x0, y0], np.float32) + 0.5) * scale - 0.5).astype(
-            np.float32
-        )
+        rgb, depth = crop_resize(rgb, depth, (x0, y0, crop), S, self.depth_clip)
+        rects = crop_to_output(view.rects, (x0, y0, crop), S)
         if self.augment is not None:
             rgb, depth, rects = self.augment(rgb, depth, rects)
         maps = encode_grasp_maps(rects, (S, S), width_scale=self.width_scale)
         targets = {k: torch.from_numpy(maps[k][None]) for k in MAP_KEYS}
-        return _to_input(rgb, depth), targets, rects
+        return to_input(rgb, depth), targets, rects
 
 
 def _depth_name(view: GraspView) -> Path:
@@ -650,6 +662,45 @@ class JacquardGrasp(GraspDataset):
             **kwargs: :class:`GraspDataset` options.
         """
         super().__init__(_select(find_jacquard_views(root), ids), crop_size=crop_size, **kwargs)
+
+
+def crop_resize(
+    rgb: np.ndarray | None,
+    depth: np.ndarray | None,
+    box: tuple[int, int, int],
+    size: int,
+    depth_clip: float = DEPTH_CLIP,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Cut the square ``box = (x0, y0, side)`` and resize it to ``size``; clean the depth.
+
+    Shared by the datasets and by single-image inference (``vtfm grasp``), so a deployed
+    model sees exactly the preprocessing it was trained on.
+    """
+    x0, y0, crop = box
+    interp = cv2.INTER_AREA if size < crop else cv2.INTER_LINEAR
+    if rgb is not None:
+        rgb = cv2.resize(rgb[y0 : y0 + crop, x0 : x0 + crop], (size, size), interpolation=interp)
+    if depth is not None:
+        depth = fill_depth_holes(depth[y0 : y0 + crop, x0 : x0 + crop])
+        depth = normalise_depth(cv2.resize(depth, (size, size), interpolation=interp), depth_clip)
+    return rgb, depth
+
+
+def crop_to_output(points: np.ndarray, box: tuple[int, int, int], size: int) -> np.ndarray:
+    """Image pixel coordinates -> output-map coordinates of :func:`crop_resize`.
+
+    Pixel centres sit at integer coordinates; cv2.resize maps x to (x + 0.5) * scale - 0.5.
+    """
+    x0, y0, crop = box
+    scale = size / crop
+    return ((points - np.array([x0, y0], np.float32) + 0.5) * scale - 0.5).astype(np.float32)
+
+
+def output_to_crop(points: np.ndarray, box: tuple[int, int, int], size: int) -> np.ndarray:
+    """Inverse of :func:`crop_to_output`: map predictions back onto the original image."""
+    x0, y0, crop = box
+    scale = size / crop
+    return ((points + 0.5) / scale - 0.5 + np.array([x0, y0], np.float32)).astype(np.float32)
 
 
 def grasp_collate(

@@ -159,7 +159,10 @@ class ExportSource:
         return Evaluation(hits / n, [torch.cat(col) for col in zip(*outs)])
 
     def _decode_kw(self) -> dict[str, Any]:
-        return {"width_scale": self.cfg.data.width_scale, "min_distance": self.cfg.eval.min_distance}
+        return {
+            "width_scale": self.cfg.data.width_scale,
+            "min_distance": self.cfg.eval.min_distance,
+        }
 
     # --- metadata --------------------------------------------------------------------------
 
@@ -231,7 +234,9 @@ def load_source(path: str | os.PathLike, use_ema: bool = False) -> ExportSource:
     meta = dict(ckpt.get("meta") or {})
     task = meta.get("task")
     if task not in TASKS:
-        raise ValueError(f"{path}: unknown task {task!r} in the checkpoint; expected one of {TASKS}")
+        raise ValueError(
+            f"{path}: unknown task {task!r} in the checkpoint; expected one of {TASKS}"
+        )
     name = meta.get("model_name") or ckpt["config"].get("model", {}).get("name")
     try:
         get_model_entry(str(name))

@@ -240,3 +240,49 @@ def restore_grasp_model(ckpt: dict[str, Any]) -> tuple[nn.Module, GraspConfig]:
     model = build_grasp_model(cfg)
     model.load_state_dict(ckpt["model"])
     return model.eval(), cfg
+
+
+def predict_grasps(
+    checkpoint: str | Path,
+    image: str | Path,
+    depth: str | Path | None = None,
+    top_n: int = 5,
+) -> tuple[list, np.ndarray]:
+    """Top grasps on one raw view, in the view's own pixel coordinates.
+
+    The view gets the training preprocessing (centre square crop of ``crop_size``, resize,
+    normalisation, depth hole filling). Returns the grasps and the RGB (or depth) image.
+    """
+    from ..data.grasp import crop_resize, load_depth, load_rgb, output_to_crop, to_input
+    from ..grasp import Grasp
+    from .checkpoint import load_checkpoint
+
+    model, cfg = restore_grasp_model(load_checkpoint(checkpoint))
+    d = cfg.data
+    rgb = load_rgb(image) if d.input != "depth" else None
+    dep = None
+    if d.input != "rgb":
+        if depth is None:
+            raise ValueError(f"the model takes input={d.input!r}: pass --depth with a depth file")
+        dep = load_depth(depth)
+    shown = rgb if rgb is not None else load_rgb(image)
+    H, W = shown.shape[:2]
+    if dep is not None and dep.shape != (H, W):
+        raise ValueError(f"depth {dep.shape} does not match image {(H, W)}: {depth}")
+    crop = min(d.crop_size or min(H, W), H, W)
+    box = ((W - crop) // 2, (H - crop) // 2, crop)
+    rgb_c, dep_c = crop_resize(rgb, dep, box, d.output_size)
+    with torch.no_grad():
+        out = model(to_input(rgb_c, dep_c)[None])
+    maps = {k: out[k][0, 0].float().numpy() for k in MAP_KEYS}
+    preds = decode_grasps(
+        **maps, num_grasps=top_n, width_scale=d.width_scale, min_distance=cfg.eval.min_distance
+    )
+    scale = crop / d.output_size
+    grasps = []
+    for g in preds:
+        ((x, y),) = output_to_crop(np.array([[g.x, g.y]], np.float32), box, d.output_size)
+        grasps.append(
+            Grasp(float(x), float(y), g.angle, g.opening * scale, g.jaw * scale, g.quality)
+        )
+    return grasps, shown

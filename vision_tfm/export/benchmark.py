@@ -1,0 +1,350 @@
+"""``vtfm benchmark``: one row per format - accuracy, parity, latency, throughput, FLOPs.
+
+Every format runs the same real val images on the same number of threads. A format that
+fails gets a row saying why, and the table goes on. Timing: ``warmup`` runs, then runs until
+there have been at least ``runs`` of them *and* ``seconds`` have passed; batch-1 latency is
+reported as median and p90, throughput as images per second at the median batch time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .flops import count_flops, matmul_ceiling, torch_threads
+from .onnx import (
+    ATTENTION_OPSET,
+    DEFAULT_OPSET,
+    check_opset,
+    check_parity,
+    export_attention,
+    export_onnx,
+    ort_runner,
+    ort_session,
+    parity_inputs,
+    size_mb,
+)
+from .quantize import calibration_images, quantize_int8
+from .source import ExportSource, Runner, load_source, max_abs_diff
+
+__all__ = ["FORMATS", "BenchOptions", "Row", "benchmark_checkpoint", "time_runs", "write_tables"]
+
+FORMATS = (
+    "torch",
+    "torch-bf16",
+    "onnx",
+    f"onnx-opset{ATTENTION_OPSET}",
+    "onnx-int8-dynamic",
+    "onnx-int8-static",
+)
+TABLE_FILES = ("benchmark.md", "benchmark.csv", "benchmark.json")
+
+
+@dataclass
+class BenchOptions:
+    """Benchmark settings; the defaults meet the issue's measurement rules."""
+
+    formats: tuple[str, ...] = (
+        "torch",
+        "torch-bf16",
+        "onnx",
+        "onnx-int8-dynamic",
+        "onnx-int8-static",
+    )
+    threads: int = 2
+    warmup: int = 10
+    runs: int = 50
+    seconds: float = 10.0
+    batch: int = 32
+    val_images: int = 0  # 0 = the whole val split
+    opset: int = DEFAULT_OPSET
+    atol: float = 1e-4
+    calib_data: str | None = None
+    calib_size: int = 256
+    ceiling_size: int = 2048  # side of the square matmul that measures the machine's peak
+    ema: bool = False
+
+    @classmethod
+    def quick(cls, **kw: Any) -> BenchOptions:
+        """Seconds instead of minutes, for tests and smoke runs (numbers are not comparable)."""
+        base = dict(warmup=2, runs=5, seconds=0.0, val_images=64, calib_size=32, ceiling_size=256)
+        return cls(**{**base, **kw})
+
+    def validate(self) -> None:
+        unknown = [f for f in self.formats if f not in FORMATS]
+        if unknown or not self.formats:
+            raise ValueError(f"--formats: unknown {unknown}; choose from {', '.join(FORMATS)}")
+        check_opset(self.opset)
+        if self.calib_data is not None and not Path(self.calib_data).exists():
+            raise FileNotFoundError(f"calibration data not found: {self.calib_data}")
+        if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.warmup < 0:
+            raise ValueError("--threads, --batch and --runs must be >= 1, --warmup >= 0")
+
+
+@dataclass
+class Row:
+    """One format's line in the table (None where a measurement did not happen)."""
+
+    format: str
+    status: str = "ok"
+    size_mb: float | None = None
+    metric: float | None = None
+    metric_delta: float | None = None
+    top1_agreement: float | None = None
+    max_abs_diff: float | None = None
+    latency_median_ms: float | None = None
+    latency_p90_ms: float | None = None
+    throughput_img_s: float | None = None
+    gflops: float | None = None
+    pct_of_ceiling: float | None = None
+    threads: int | None = None
+
+
+COLUMNS = tuple(f.name for f in fields(Row))
+
+
+def time_runs(
+    fn: Callable[[torch.Tensor], Any], x: torch.Tensor, warmup: int, runs: int, seconds: float
+) -> list[float]:
+    """Milliseconds per call after ``warmup`` calls: at least ``runs`` calls and ``seconds``."""
+    for _ in range(warmup):
+        fn(x)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < runs or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        fn(x)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+class _Formats:
+    """Builds each format's runner on demand, sharing the fp32 export and its failure."""
+
+    def __init__(self, source: ExportSource, opts: BenchOptions, workdir: Path) -> None:
+        self.source, self.opts, self.workdir = source, opts, workdir
+        self.exports: dict[int, tuple[Path, str] | Exception] = {}
+
+    def build(self, fmt: str) -> tuple[Runner, str, float]:
+        """``(runner, status, size in MB)`` for one format."""
+        src, threads = self.source, self.opts.threads
+        if fmt.startswith("torch"):
+            size = _state_dict_mb(src.model)
+            return (_bf16_runner(src) if fmt == "torch-bf16" else src.torch_runner()), "ok", size
+        if fmt.startswith("onnx-int8-"):
+            fp32, _ = self.onnx(self.opts.opset)
+            path = self.workdir / f"{fmt}.onnx"
+            mode = fmt.removeprefix("onnx-int8-")
+            calib = None
+            if mode == "static":
+                calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
+            quantize_int8(fp32, path, mode, calib)
+            return ort_runner(ort_session(path, threads)), "ok", size_mb(path)
+        opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset
+        path, status = self.onnx(opset)
+        return ort_runner(ort_session(path, threads)), status, size_mb(path)
+
+    def onnx(self, opset: int) -> tuple[Path, str]:
+        """The fp32 export at ``opset`` (dynamic batch, training size) and its parity status."""
+        if opset not in self.exports:
+            try:
+                self.exports[opset] = self._export(opset)
+            except Exception as e:
+                self.exports[opset] = e
+        done = self.exports[opset]
+        if isinstance(done, Exception):
+            raise RuntimeError(f"fp32 ONNX export at opset {opset} failed: {_one_line(done)}")
+        return done
+
+    def _export(self, opset: int) -> tuple[Path, str]:
+        src, dynamic = self.source, frozenset({"batch"})
+        path = self.workdir / f"model-opset{opset}.onnx"
+        inputs = parity_inputs(src, src.img_size, dynamic)
+        with export_attention(src.model, inputs[0][:2]):
+            export_onnx(src.model, inputs[0][:2], path, output_names=src.output_names, opset=opset)
+        report = check_parity(ort_session(path), src.torch_runner(), inputs, self.opts.atol)
+        status = "ok" if report.ok else f"exported but {report.summary()}"
+        return path, status
+
+
+def _bf16_runner(source: ExportSource) -> Runner:
+    """PyTorch eager under CPU bf16 autocast (weights stay fp32; matmuls run in bf16)."""
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return [o.float() for o in source.outputs_of(source.model(x))]
+
+    return run
+
+
+def _state_dict_mb(model: torch.nn.Module) -> float:
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.tell() / 1e6
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def benchmark_checkpoint(
+    checkpoint: str | os.PathLike,
+    opts: BenchOptions,
+    workdir: str | os.PathLike | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure every requested format of a checkpoint; returns the table and its context.
+
+    Args:
+        checkpoint: A classification or grasp training checkpoint.
+        opts: Formats, threads and timing rules.
+        workdir: Where exported files go (kept); default: a temp folder, removed afterwards.
+        log: Progress lines.
+    """
+    opts.validate()
+    source = load_source(checkpoint, opts.ema)
+    with torch_threads(opts.threads), tempfile.TemporaryDirectory() as tmp:
+        work = Path(workdir) if workdir else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        batches = source.batches("val", opts.batch, opts.val_images)
+        x1 = batches[0][0][:1]
+        xb = batches[0][0].repeat(math.ceil(opts.batch / len(batches[0][0])), 1, 1, 1)
+        xb = xb[: opts.batch]
+        gflops = count_flops(source.model, x1) / 1e9
+        ceilings = {"fp32": matmul_ceiling(torch.float32, opts.threads, opts.ceiling_size)}
+        if "torch-bf16" in opts.formats:
+            ceilings["bf16"] = matmul_ceiling(torch.bfloat16, opts.threads, opts.ceiling_size)
+        ref = source.evaluate(source.torch_runner(), batches)
+        builder = _Formats(source, opts, work)
+        rows = []
+        for fmt in opts.formats:
+            row = Row(fmt, threads=opts.threads, gflops=gflops)
+            try:
+                runner, row.status, row.size_mb = builder.build(fmt)
+                ev = source.evaluate(runner, batches)
+                row.metric = ev.metric
+                row.metric_delta = ev.metric - ref.metric
+                row.top1_agreement = ev.top1_agreement(ref)
+                row.max_abs_diff = max_abs_diff(ev.outputs, ref.outputs)
+                lat = time_runs(runner, x1, opts.warmup, opts.runs, opts.seconds)
+                row.latency_median_ms = statistics.median(lat)
+                row.latency_p90_ms = float(np.percentile(lat, 90))
+                tb = time_runs(runner, xb, opts.warmup, opts.runs, opts.seconds)
+                row.throughput_img_s = len(xb) / statistics.median(tb) * 1e3
+                ceiling = ceilings["bf16" if fmt == "torch-bf16" else "fp32"]
+                row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
+            except Exception as e:  # one format's failure is a row, not the end of the table
+                row.status = f"failed: {_one_line(e)}"
+            rows.append(row)
+            log(f"{fmt}: {row.status}")
+    return {
+        "checkpoint": os.path.abspath(checkpoint),
+        "model_name": source.model_name,
+        "metric_name": source.metric_name,
+        "val_images": len(ref.outputs[0]),
+        "threads": opts.threads,
+        "batch": opts.batch,
+        "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
+        + f", {os.cpu_count()} logical CPUs",
+        "versions": source.describe()["versions"],
+        "settings": {k: v for k, v in asdict(opts).items() if k != "formats"},
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+_HEADERS = {
+    "format": "format",
+    "status": "status",
+    "size_mb": "size MB",
+    "metric": "{metric}",
+    "metric_delta": "Δ {metric}",
+    "top1_agreement": "top-1 agree",
+    "max_abs_diff": "max abs diff",
+    "latency_median_ms": "b1 median ms",
+    "latency_p90_ms": "b1 p90 ms",
+    "throughput_img_s": "b{batch} img/s",
+    "gflops": "GFLOPs/img",
+    "pct_of_ceiling": "% of peak",
+    "threads": "threads",
+}
+_FORMATS = {
+    "size_mb": "{:.2f}",
+    "metric": "{:.4f}",
+    "metric_delta": "{:+.4f}",
+    "top1_agreement": "{:.4f}",
+    "max_abs_diff": "{:.1e}",
+    "latency_median_ms": "{:.2f}",
+    "latency_p90_ms": "{:.2f}",
+    "throughput_img_s": "{:.0f}",
+    "gflops": "{:.3f}",
+    "pct_of_ceiling": "{:.1f}",
+}
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """The table as Markdown, with the context a reader needs to trust the numbers below it."""
+    heads = [
+        _HEADERS[c].format(metric=result["metric_name"], batch=result["batch"]) for c in COLUMNS
+    ]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in result["rows"]:
+        cells = []
+        for c in COLUMNS:
+            v = r[c]
+            cells.append("-" if v is None else _FORMATS.get(c, "{}").format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    ceil = ", ".join(f"{k} {v:.0f}" for k, v in result["ceiling_gflops"].items())
+    s = result["settings"]
+    lines += [
+        "",
+        f"{result['model_name']} ({result['checkpoint']}), {result['metric_name']} on "
+        f"{result['val_images']} val images; {result['machine']}; {result['threads']} threads.",
+        f"Timing: {s['warmup']} warmup runs, then >= {s['runs']} runs and >= {s['seconds']:g} s "
+        f"per measurement. Δ, agreement and max abs diff are against fp32 PyTorch.",
+        "GFLOPs count 1 multiply-add as 2 FLOPs (matmul, conv, attention; torch FlopCounterMode). "
+        f"% of peak = GFLOPs/img x b{result['batch']} img/s over the measured "
+        f"{s['ceiling_size']}² matmul ceiling in GFLOP/s ({ceil}): bf16 for torch-bf16, "
+        "fp32 for every other row, int8 included.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(result: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """Write ``benchmark.{md,csv,json}`` into ``out_dir``, each through a temp file + rename."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_buf = io.StringIO()
+    writer = csv.DictWriter(csv_buf, fieldnames=list(COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(result["rows"])
+    texts = {
+        "benchmark.md": markdown_table(result),
+        "benchmark.csv": csv_buf.getvalue(),
+        "benchmark.json": json.dumps(result, indent=2) + "\n",
+    }
+    paths = []
+    for name, text in texts.items():
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out / name)
+        paths.append(out / name)
+    return paths

@@ -1,0 +1,359 @@
+"""ONNX export through ``torch.onnx.export(dynamo=True)`` and its parity check.
+
+Export traces with ``torch.export``, so Python branches on the input size are decided once,
+at the trace size, and the ONNX graph is only right for sizes that take the same branches.
+Two consequences shape this module:
+
+* A dynamic-H/W export traces at a size that is *not* the training size (non-square, a
+  multiple of the model's stride), so ViT records its position-table resampling instead of
+  the "same grid, return the table" shortcut. The resampling is exact at the training size.
+* Every export is checked against PyTorch on real val images at several sizes; a graph that
+  was specialised to its trace size fails that check instead of shipping.
+
+The fused attention op (SDPA) exports only with 4-D ``(B, heads, N, d)`` inputs. Layers that
+attend over windows (Swin's ``(B, nW, heads, N, d)``) are switched to the attention layer's
+explicit path for the export; the rest keep SDPA, which becomes the ONNX ``Attention`` op at
+opset >= 23.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import Attention
+from .source import INPUT_NAME, ExportSource, Runner, max_abs_diff
+
+__all__ = [
+    "ATTENTION_OPSET",
+    "DEFAULT_OPSET",
+    "ParityCheck",
+    "ParityError",
+    "ParityReport",
+    "check_opset",
+    "check_parity",
+    "export_attention",
+    "export_onnx",
+    "model_files",
+    "ort_runner",
+    "ort_session",
+    "parity_inputs",
+    "parse_dynamic",
+    "size_mb",
+    "staging_dir",
+]
+
+DEFAULT_OPSET = 18
+ATTENTION_OPSET = 23  # SDPA -> the ONNX Attention op from here on
+MAX_OPSET = 25  # the newest opset onnxruntime 1.32 runs
+DYNAMIC_AXES = ("batch", "hw")
+ATTENTION_MODES = ("auto", "fused", "explicit")
+
+
+class ParityError(ValueError):
+    """ONNX Runtime and PyTorch disagree by more than the tolerance."""
+
+
+def parse_dynamic(spec: str) -> frozenset[str]:
+    """``"batch,hw"`` -> ``{"batch", "hw"}``; ``"none"`` or ``""`` -> fixed shapes."""
+    axes = {a.strip() for a in spec.split(",") if a.strip()} - {"none"}
+    unknown = sorted(axes - set(DYNAMIC_AXES))
+    if unknown:
+        raise ValueError(f"--dynamic: unknown axes {unknown}; use batch, hw, batch,hw or none")
+    return frozenset(axes)
+
+
+def check_opset(opset: int) -> None:
+    """The torch.export-based exporter starts at opset 18; onnxruntime stops at ``MAX_OPSET``."""
+    if not DEFAULT_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(
+            f"unsupported opset {opset}: the exporter and onnxruntime support "
+            f"{DEFAULT_OPSET}..{MAX_OPSET} (SDPA becomes the Attention op at >= {ATTENTION_OPSET})"
+        )
+
+
+@contextmanager
+def export_attention(model: nn.Module, example: torch.Tensor, mode: str = "auto") -> Iterator[str]:
+    """Pick each attention layer's path for export, restoring the flags afterwards.
+
+    ``auto`` probes one forward pass: layers fed ``(B, N, C)`` tokens keep the fused op,
+    layers fed windows (more leading dims) take the explicit path. Yields ``"fused"``,
+    ``"explicit"``, ``"mixed"`` or ``"none"`` for the metadata.
+    """
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"attention mode {mode!r} is unknown; expected one of {ATTENTION_MODES}")
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    prev = [m.fused for m in layers]
+    if mode == "auto":
+        ndim: dict[nn.Module, int] = {}
+
+        def probe(mod: nn.Module, args: tuple) -> None:
+            ndim.setdefault(mod, args[0].ndim)
+
+        hooks = [m.register_forward_pre_hook(probe) for m in layers]
+        try:
+            with torch.inference_mode():
+                model(example)
+        finally:
+            for h in hooks:
+                h.remove()
+        for m in layers:
+            m.fused = ndim.get(m, 3) == 3  # (B, N, C) tokens -> 4-D q/k/v
+    else:
+        for m in layers:
+            m.fused = mode == "fused"
+    used = {m.fused for m in layers}
+    label = (
+        "none"
+        if not used
+        else "mixed"
+        if len(used) > 1
+        else ("fused" if True in used else "explicit")
+    )
+    try:
+        yield label
+    finally:
+        for m, flag in zip(layers, prev):
+            m.fused = flag
+
+
+def export_onnx(
+    model: nn.Module,
+    example: torch.Tensor,
+    path: str | Path,
+    *,
+    output_names: Sequence[str],
+    dynamic: frozenset[str] = frozenset({"batch"}),
+    opset: int = DEFAULT_OPSET,
+) -> None:
+    """Export ``model`` traced at ``example`` to ``path`` plus ``path.data`` (the weights).
+
+    Raises:
+        ValueError: The exporter failed; the message keeps its first line and root cause.
+    """
+    from torch.export import Dim
+
+    check_opset(opset)
+    dims: dict[int, Any] = {0: Dim.DYNAMIC} if "batch" in dynamic else {}
+    if "hw" in dynamic:
+        dims.update({2: Dim.DYNAMIC, 3: Dim.DYNAMIC})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(
+                model,
+                (example,),
+                None,
+                dynamo=True,
+                input_names=[INPUT_NAME],
+                dynamic_shapes=(dims,) if dims else None,
+                opset_version=opset,
+                verbose=False,
+            )
+    except Exception as e:
+        raise ValueError(f"torch.onnx.export failed: {_root_cause(e)}") from None
+    graph = prog.model.graph
+    shape = graph.inputs[0].shape
+    axis_names = {0: "batch", 2: "height", 3: "width"}
+    prog.rename_axes({shape[i]: axis_names[i] for i in dims})
+    _name_outputs(graph, output_names)
+    prog.save(str(path), external_data=True)
+
+
+def _root_cause(e: BaseException) -> str:
+    """First line of the innermost exception: the exporter wraps the useful one deeply."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def _name_outputs(graph: Any, names: Sequence[str]) -> None:
+    """Give the graph outputs their public names, renaming internal values that hold them.
+
+    ``output_names=`` in the exporter does not check for clashes: a model computing ``cos``
+    internally would get two values named ``cos``, which ONNX rejects.
+    """
+    if len(graph.outputs) != len(names):
+        raise ValueError(f"the model has {len(graph.outputs)} outputs, expected {list(names)}")
+    taken = {v.name: v for v in graph.inputs}
+    taken.update(graph.initializers)
+    taken.update((v.name, v) for node in graph for v in node.outputs)
+    for value, name in zip(graph.outputs, names):
+        other = taken.get(name)
+        if other is not None and other is not value:
+            other.name = f"{name}_internal_{id(other):x}"
+        value.name = name
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """An ONNX file plus its external-data file, where there is one."""
+    path = Path(path)
+    data = path.with_name(path.name + ".data")
+    return [path, data] if data.exists() else [path]
+
+
+def size_mb(path: str | Path) -> float:
+    """Size in MB (10^6 bytes) of the model with its external data."""
+    return sum(p.stat().st_size for p in model_files(path)) / 1e6
+
+
+def ort_session(path: str | Path, threads: int = 0) -> Any:
+    """A CPU onnxruntime session on ``threads`` intra-op threads (0 = onnxruntime's choice)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3  # errors only
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def ort_runner(session: Any) -> Runner:
+    """Wrap a session as a :data:`~vision_tfm.export.source.Runner`."""
+    name = session.get_inputs()[0].name
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        feed = {name: x.detach().float().contiguous().numpy()}
+        return [torch.from_numpy(o) for o in session.run(None, feed)]
+
+    return run
+
+
+# --- parity -----------------------------------------------------------------------------------
+
+
+@dataclass
+class ParityCheck:
+    """One input shape: the max abs difference, or the error onnxruntime raised."""
+
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    error: str = ""
+
+    def label(self) -> str:
+        return "x".join(map(str, self.shape))
+
+
+@dataclass
+class ParityReport:
+    """Parity of an exported model with PyTorch over several real inputs."""
+
+    atol: float
+    checks: list[ParityCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(
+            not c.error and c.max_abs_diff <= self.atol for c in self.checks
+        )
+
+    @property
+    def worst(self) -> float:
+        return max((c.max_abs_diff for c in self.checks), default=math.inf)
+
+    def summary(self) -> str:
+        """One line: the verdict, the worst difference and by how much it missed."""
+        shapes = ", ".join(c.label() for c in self.checks)
+        if self.ok:
+            return f"parity ok: max abs diff {self.worst:.2e} <= {self.atol:.0e} at {shapes}"
+        parts = [f"onnxruntime failed at {c.label()}: {c.error}" for c in self.checks if c.error]
+        bad = [c for c in self.checks if not c.error and c.max_abs_diff > self.atol]
+        if bad:
+            w = max(bad, key=lambda c: c.max_abs_diff)
+            parts.insert(
+                0,
+                f"max abs diff {w.max_abs_diff:.2e} > {self.atol:.0e} at {w.label()} "
+                f"(over by {w.max_abs_diff - self.atol:.2e}; failing: "
+                f"{', '.join(c.label() for c in bad)})",
+            )
+        return "parity FAILED: " + "; ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "atol": self.atol, "checks": [asdict(c) for c in self.checks]}
+
+
+def round_up(n: float, k: int) -> int:
+    """Smallest multiple of ``k`` that is >= ``n``."""
+    return int(math.ceil(n / k) * k)
+
+
+def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinearly resize normalised images (real content at a new size, not noise)."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+
+
+def hw_sizes(size: tuple[int, int], stride: int) -> list[tuple[int, int]]:
+    """Parity sizes for a dynamic-H/W export: the base, a non-square one and a larger one."""
+    H, W = size
+    return [
+        (H, W),
+        (H, round_up(1.5 * W, stride)),
+        (round_up(1.5 * H, stride), round_up(1.5 * W, stride)),
+    ]
+
+
+def trace_size(size: tuple[int, int], stride: int, dynamic: frozenset[str]) -> tuple[int, int]:
+    """Where to trace: the export size, or for dynamic H/W a non-square size off the base grid."""
+    if "hw" not in dynamic:
+        return size
+    return (size[0] + stride, size[1] + 2 * stride)
+
+
+def parity_inputs(
+    source: ExportSource, size: tuple[int, int], dynamic: frozenset[str], n: int = 16
+) -> list[torch.Tensor]:
+    """Real val images at every check size: a batch of ``n`` and of 1 if the batch is dynamic,
+    else single images. The first input's leading images are the export's trace example.
+    """
+    x = source.batches("val", n, limit=n)[0][0]
+    if "batch" in dynamic:
+        x = x.repeat(math.ceil(2 / len(x)), 1, 1, 1)  # >= 2: a batch of 1 would be specialised
+        batches = [x, x[:1]]
+    else:
+        batches = [x[i : i + 1] for i in range(min(len(x), 4))]
+    sizes = hw_sizes(size, source.stride) if "hw" in dynamic else [size]
+    return [resize(b, s) for s in sizes for b in batches]
+
+
+def check_parity(
+    session: Any, reference: Runner, inputs: Sequence[torch.Tensor], atol: float = 1e-4
+) -> ParityReport:
+    """Compare an onnxruntime session with a reference runner on every input."""
+    report = ParityReport(atol)
+    run = ort_runner(session)
+    for x in inputs:
+        ref = reference(x)
+        try:
+            out = run(x)
+        except Exception as e:  # onnxruntime raises its own types; keep the first line
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            report.checks.append(ParityCheck(tuple(x.shape), math.inf, msg[:300]))
+            continue
+        report.checks.append(ParityCheck(tuple(x.shape), max_abs_diff(out, ref)))
+    return report
+
+
+@contextmanager
+def staging_dir(parent: Path) -> Iterator[Path]:
+    """A temp folder beside the outputs: files are built there, then renamed into place."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".vtfm-export-"))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,239 @@
+"""``vtfm export``: a checkpoint to ONNX (fp32, optionally int8), metadata and a parity verdict.
+
+Nothing is written unless the export passes its parity check, and nothing is half-written:
+files are built in a temp folder beside the destination and renamed into place, the
+metadata JSON last. An existing output is refused unless ``overwrite`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .onnx import (
+    DEFAULT_OPSET,
+    ParityError,
+    check_opset,
+    check_parity,
+    export_attention,
+    export_onnx,
+    model_files,
+    ort_runner,
+    ort_session,
+    parity_inputs,
+    parse_dynamic,
+    resize,
+    size_mb,
+    staging_dir,
+    trace_size,
+)
+from .quantize import INT8_MODES, calibration_images, quantize_int8
+from .source import ExportSource, load_source
+
+__all__ = ["ExportOptions", "export_checkpoint", "int8_path", "refuse_existing", "score_int8"]
+
+
+@dataclass
+class ExportOptions:
+    """What ``vtfm export`` can be asked for; the defaults are its command-line defaults."""
+
+    out: str | None = None  # .onnx path; default: model.onnx beside the checkpoint
+    dynamic: str = "batch"  # "batch", "hw", "batch,hw" or "none"
+    opset: int = DEFAULT_OPSET
+    attention: str = "auto"  # "auto", "fused" or "explicit"
+    img_size: tuple[int, int] | None = None  # export size; default: the training size
+    int8: tuple[str, ...] = ()  # any of "dynamic", "static"
+    calib_data: str | None = None  # default: the checkpoint's training split
+    calib_size: int = 256
+    atol: float = 1e-4
+    parity_images: int = 16
+    val_images: int = 0  # images scoring int8 against fp32; 0 = the whole val split
+    overwrite: bool = False
+    ema: bool = False
+
+
+def int8_path(fp32: Path, mode: str) -> Path:
+    """``model.onnx`` -> ``model-int8-static.onnx``."""
+    return fp32.with_name(f"{fp32.stem}-int8-{mode}.onnx")
+
+
+def refuse_existing(paths: list[Path], overwrite: bool) -> None:
+    """Fail before any work if an output exists and overwriting was not asked for."""
+    existing = [p for p in paths if p.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{existing[0]} exists; pass --overwrite to replace it")
+
+
+def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[Path, list[Path]]:
+    """Validate everything that needs no model, so bad input fails in a second."""
+    check_opset(opts.opset)
+    parse_dynamic(opts.dynamic)
+    bad = sorted(set(opts.int8) - set(INT8_MODES))
+    if bad:
+        raise ValueError(f"--int8: unknown mode(s) {bad}; expected {', '.join(INT8_MODES)}")
+    if opts.calib_data is not None and not Path(opts.calib_data).exists():
+        raise FileNotFoundError(f"calibration data not found: {opts.calib_data}")
+    out = Path(opts.out) if opts.out else Path(checkpoint).parent / "model.onnx"
+    if out.suffix != ".onnx":
+        raise ValueError(f"--out must end in .onnx, got {out}")
+    planned = [out, out.with_name(out.name + ".data"), out.with_suffix(".json")]
+    for mode in opts.int8:
+        planned += [int8_path(out, mode), int8_path(out, mode).with_suffix(".json")]
+    refuse_existing(planned, opts.overwrite)
+    return out, planned
+
+
+def score_int8(
+    source: ExportSource, fp32_eval: Any, path: Path, batches: list, threads: int = 0
+) -> dict[str, Any]:
+    """Metric of an int8 file, its change from fp32 and its top-1 agreement with fp32."""
+    ev = source.evaluate(ort_runner(ort_session(path, threads)), batches)
+    return {
+        source.metric_name: ev.metric,
+        f"{source.metric_name}_fp32": fp32_eval.metric,
+        "metric_delta": ev.metric - fp32_eval.metric,
+        "top1_agreement": ev.top1_agreement(fp32_eval),
+        "val_images": len(ev.outputs[0]),
+        "size_mb": size_mb(path),
+    }
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike, opts: ExportOptions, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Export, check parity, optionally quantise, then write everything at once.
+
+    Returns:
+        The fp32 model's metadata (also written as JSON beside it), with int8 results.
+
+    Raises:
+        ParityError: onnxruntime and PyTorch disagree; the message says by how much.
+        FileExistsError, FileNotFoundError, ValueError: bad input, in one line.
+    """
+    out, planned = _check_options(opts, checkpoint)
+    dynamic = parse_dynamic(opts.dynamic)
+    source = load_source(checkpoint, opts.ema)
+    size = tuple(opts.img_size or source.img_size)
+    if source.task == "grasp" and size != source.img_size and opts.int8:
+        raise ValueError("grasp maps are scored at the training size; drop --img-size for int8")
+    model = source.model
+    inputs = parity_inputs(source, size, dynamic, opts.parity_images)
+    example = resize(inputs[0][:2], trace_size(size, source.stride, dynamic))
+
+    with staging_dir(out.parent) as tmp:
+        fp32 = tmp / out.name
+        with export_attention(model, example, opts.attention) as attention:
+            export_onnx(
+                model,
+                example,
+                fp32,
+                output_names=source.output_names,
+                dynamic=dynamic,
+                opset=opts.opset,
+            )
+        report = check_parity(ort_session(fp32), source.torch_runner(), inputs, opts.atol)
+        log(f"{source.model_name}: {report.summary()}")
+        if not report.ok:
+            hint = ""
+            if "hw" in dynamic:
+                hint = (
+                    " (the graph was specialised to its trace size: export with --dynamic batch,"
+                    " and --img-size HxW for each size you need)"
+                )
+            raise ParityError(f"{source.model_name}: {report.summary()}{hint}")
+
+        meta = _metadata(source, out.name, fp32, dynamic, size, opts, attention)
+        meta["parity"] = report.as_dict()
+        if opts.int8:
+            meta["int8"] = _quantise(source, fp32, out, tmp, size, opts, log)
+        for mode in opts.int8:
+            q = int8_path(out, mode)
+            _write_json(
+                tmp / q.with_suffix(".json").name, {**meta, "file": q.name, **meta["int8"][mode]}
+            )
+        _write_json(tmp / out.with_suffix(".json").name, meta)
+        written = _install(tmp, out.parent, [p.name for p in planned])
+    log(f"wrote {', '.join(str(p) for p in written)}")
+    return meta
+
+
+def _metadata(
+    source: ExportSource,
+    name: str,
+    fp32: Path,
+    dynamic: frozenset[str],
+    size: tuple[int, int],
+    opts: ExportOptions,
+    attention: str,
+) -> dict[str, Any]:
+    import onnx
+    import onnxruntime
+
+    info = source.describe()
+    info["versions"].update(onnx=onnx.__version__, onnxruntime=onnxruntime.__version__)
+    batch = "batch" if "batch" in dynamic else 1
+    hw = ["height", "width"] if "hw" in dynamic else list(size)
+    return {
+        **info,
+        "format": "onnx",
+        "file": name,
+        "external_data": [p.name for p in model_files(fp32)[1:]],
+        "size_mb": size_mb(fp32),
+        "opset": opts.opset,
+        "input_shape": [batch, source.in_chans, *hw],
+        "dynamic_axes": sorted(dynamic),
+        "hw_multiple_of": source.stride if "hw" in dynamic else None,
+        "attention": attention,
+    }
+
+
+def _quantise(
+    source: ExportSource,
+    fp32: Path,
+    out: Path,
+    tmp: Path,
+    size: tuple[int, int],
+    opts: ExportOptions,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Quantise in the staging folder and score each int8 file against fp32 PyTorch."""
+    calib = None
+    if "static" in opts.int8:
+        calib = resize(calibration_images(source, opts.calib_data, opts.calib_size), size)
+    batches = [(resize(b[0], size), *b[1:]) for b in source.batches("val", 64, opts.val_images)]
+    ref = source.evaluate(source.torch_runner(), batches)
+    results = {}
+    for mode in opts.int8:
+        q = tmp / int8_path(out, mode).name
+        quantize_int8(fp32, q, mode, calib)
+        r = score_int8(source, ref, q, batches)
+        r["calibration"] = (
+            None
+            if mode == "dynamic"
+            else {"data": opts.calib_data or "train split", "images": len(calib)}
+        )
+        results[mode] = r
+        agree = r["top1_agreement"]
+        log(
+            f"int8 {mode}: {source.metric_name} {r[source.metric_name]:.4f} "
+            f"({r['metric_delta']:+.4f} vs fp32)"
+            + (f", top-1 agreement with fp32 {agree:.4f}" if agree is not None else "")
+            + f" on {r['val_images']} val images"
+        )
+    return results
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _install(tmp: Path, dest: Path, names: list[str]) -> list[Path]:
+    """Rename staged files into place; JSON last, so its presence means the set is complete."""
+    staged = sorted((n for n in names if (tmp / n).exists()), key=lambda n: n.endswith(".json"))
+    for n in staged:
+        os.replace(tmp / n, dest / n)
+    return [dest / n for n in staged]

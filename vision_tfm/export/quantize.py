@@ -1,0 +1,202 @@
+"""int8 through onnxruntime: dynamic (weights int8, activations scaled per call) and static QDQ.
+
+Both start from ``quant_pre_process`` (symbolic shape inference and graph fusions), which
+lets the quantiser see through the exporter's shape arithmetic. Static quantisation
+calibrates activation ranges on real images: a folder of images, an ImageFolder root,
+CIFAR-10 batches, MNIST idx files, or by default the checkpoint's own training split.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quant_pre_process,
+    quantize_dynamic,
+    quantize_static,
+)
+
+from .source import INPUT_NAME, ExportSource
+
+__all__ = ["INT8_MODES", "TensorCalibrationReader", "calibration_images", "quantize_int8"]
+
+INT8_MODES = ("dynamic", "static")
+
+
+class TensorCalibrationReader(CalibrationDataReader):
+    """Feeds preprocessed ``(N, C, H, W)`` images to the calibrator in fixed batches."""
+
+    def __init__(
+        self, images: torch.Tensor, batch_size: int = 16, input_name: str = INPUT_NAME
+    ) -> None:
+        self.batches = [
+            {input_name: b.contiguous().numpy()} for b in images.float().split(batch_size)
+        ]
+        self.pos = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.pos >= len(self.batches):
+            return None
+        self.pos += 1
+        return self.batches[self.pos - 1]
+
+    def rewind(self) -> None:
+        self.pos = 0
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The quantiser logs advice at INFO/WARNING for every run; keep the CLI's output short."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def quantize_int8(
+    fp32_path: str | Path,
+    out_path: str | Path,
+    mode: str,
+    calib: torch.Tensor | None = None,
+) -> None:
+    """Quantise an fp32 ONNX file to int8 with onnxruntime.
+
+    Args:
+        fp32_path: The exported fp32 model (its ``.data`` file beside it).
+        out_path: Where to write the int8 model (a single file: int8 weights are small).
+        mode: "dynamic" (no calibration) or "static" (QDQ, per-channel weights).
+        calib: Preprocessed calibration images; required for "static".
+    """
+    if mode not in INT8_MODES:
+        raise ValueError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
+    if mode == "static" and (calib is None or len(calib) == 0):
+        raise ValueError("static int8 needs calibration images")
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        pre = Path(tmp) / "pre.onnx"
+        quant_pre_process(str(fp32_path), str(pre))
+        if mode == "dynamic":
+            quantize_dynamic(str(pre), str(out_path), weight_type=QuantType.QInt8)
+        else:
+            # u8 activations x s8 weights is the fast VNNI path on x86 CPUs.
+            quantize_static(
+                str(pre),
+                str(out_path),
+                TensorCalibrationReader(calib),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+            )
+
+
+# --- calibration images ------------------------------------------------------------------------
+
+
+def calibration_images(
+    source: ExportSource, calib_data: str | Path | None = None, n: int = 256, seed: int = 0
+) -> torch.Tensor:
+    """``n`` preprocessed calibration images, drawn at random (seeded) from the given data.
+
+    Without ``calib_data`` the checkpoint's training split is used (with eval preprocessing),
+    so calibration never sees the val images the int8 model is scored on.
+
+    Raises:
+        FileNotFoundError: ``calib_data`` does not exist.
+        ValueError: It holds no images in a layout this function reads.
+    """
+    if calib_data is not None:
+        calib_data = Path(calib_data)
+        if not calib_data.exists():
+            raise FileNotFoundError(f"calibration data not found: {calib_data}")
+    if source.task == "grasp":
+        ds = source.datasets()[0] if calib_data is None else _grasp_folder(source, calib_data)
+        return _sample(len(ds), n, seed, lambda i: ds[i][0])
+    if calib_data is None:
+        ds = source.datasets()[0]
+        return _sample(len(ds), n, seed, lambda i: ds[i][0])
+    return _folder_images(source, calib_data, n, seed)
+
+
+def _sample(total: int, n: int, seed: int, get: Any) -> torch.Tensor:
+    if total == 0:
+        raise ValueError("the calibration data holds no images")
+    idx = np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)])
+    return torch.stack([get(int(i)) for i in idx])
+
+
+def _grasp_folder(source: ExportSource, root: Path) -> Any:
+    """A grasp dataset of the checkpoint's kind under ``root`` (RGB-D needs its own reader)."""
+    from ..data.grasp import build_grasp_datasets
+
+    d = source.cfg.data
+    train, val, _ = build_grasp_datasets(
+        d.dataset,
+        root,
+        augment=False,
+        train_frac=d.train_frac,
+        input=d.input,
+        output_size=d.output_size,
+        crop_size=d.crop_size or None,
+        width_scale=d.width_scale,
+    )
+    return torch.utils.data.ConcatDataset([train, val])
+
+
+def _folder_images(source: ExportSource, root: Path, n: int, seed: int) -> torch.Tensor:
+    """Read MNIST idx, CIFAR-10, ImageFolder or plain image folders with eval preprocessing."""
+    from ..data import build_eval_transform, load_image
+    from ..train.classification import eval_data_config
+
+    items = _list_images(root)
+    transform = build_eval_transform(eval_data_config(source.cfg, source.meta))
+
+    def get(i: int) -> torch.Tensor:
+        item = items[i]
+        img = load_image(item, 1 if source.in_chans == 1 else 3) if isinstance(item, Path) else item
+        return transform(img)
+
+    return _sample(len(items), n, seed, get)
+
+
+def _list_images(root: Path) -> Sequence[Any]:
+    """Images (uint8 arrays) or image paths found at ``root``, in a fixed order."""
+    from ..data import load_cifar10, read_idx, scan_image_folder
+    from ..data.datasets import IMAGE_EXTENSIONS, find_cifar10_dir
+    from ..data.mnist import IDX_IMAGES_MAGIC
+
+    if root.is_file():
+        if "idx3-ubyte" in root.name:
+            return read_idx(root, IDX_IMAGES_MAGIC)
+        return [root]
+    idx = sorted(root.glob("*idx3-ubyte*"))
+    if idx:
+        return read_idx(idx[0], IDX_IMAGES_MAGIC)  # (N, H, W) uint8
+    if find_cifar10_dir(root) is not None:
+        return load_cifar10(root)[0]  # the training batches
+    if (root / "train").is_dir():
+        return [p for p, _ in scan_image_folder(root)[0]]
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        raise ValueError(
+            f"{root}: no calibration images (expected image files, an ImageFolder root, "
+            "CIFAR-10 batches or MNIST idx files)"
+        )
+    return files
