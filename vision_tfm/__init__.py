@@ -3,6 +3,7 @@
 from . import detection
 from .detection import create_backbone
 from .models import create_model, list_models, load_pretrained
+from .optimize import optimize_for_inference
 
 __version__ = "0.1.0"
 
@@ -13,4 +14,5 @@ __all__ = [
     "detection",
     "list_models",
     "load_pretrained",
+    "optimize_for_inference",
 ]

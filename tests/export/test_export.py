@@ -20,8 +20,8 @@ TINY = {
     "vit_mnist": {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 7},
     "swin_mnist": {"embed_dim": 8, "depths": [2], "num_heads": [1], "window_size": 7},
     "grasp_hybrid_t": {
-        "stem_chs": [8, 8, 8],
-        "stem_depths": [0, 1, 1],
+        "stem_chs": [8, 8],
+        "stem_depths": [0, 1],
         "embed_dim": 16,
         "depth": 1,
         "num_heads": 2,
@@ -61,8 +61,250 @@ def grasp_checkpoint(path: Path) -> Path:
     cfg = apply_overrides(GraspConfig(), over)
     torch.manual_seed(0)
     model = build_grasp_model(cfg)
-    meta = {"task": "grasp", "model_name": "grasp_hybrid_t", "in_chans": 4, "input": "rgbd",
-            "img_size": 32, "crop_size": 300, "width_scale": cfg.data.width_scale}
+    meta = {
+        "task": "grasp",
+        "model_name": "grasp_hybrid_t",
+        "in_chans": 4,
+        "input": "rgbd",
+        "img_size": 32,
+        "crop_size": 300,
+        "width_scale": cfg.data.width_scale,
+    }
     ckpt = path / "grasp.pt"
     atomic_save({"model": model.state_dict(), "config": config_to_dict(cfg), "meta": meta}, ckpt)
     return ckpt
+
+
+def vtfm(*args: str) -> None:
+    main([str(a) for a in args])
+
+
+def fail(capsys, *args: str) -> str:
+    """Run the CLI expecting a clean failure: exit 2 and exactly one line on stderr."""
+    with pytest.raises(SystemExit) as e:
+        vtfm(*args)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def vit_export(tmp_path_factory) -> Path:
+    """Tiny ViT exported with dynamic batch, H and W plus both int8 flavours (shared: ~10 s)."""
+    d = tmp_path_factory.mktemp("vit")
+    ckpt = cls_checkpoint(d, "vit_mnist")
+    vtfm(
+        "export",
+        "--checkpoint",
+        ckpt,
+        "--dynamic",
+        "batch,hw",
+        "--int8",
+        "both",
+        "--calib-size",
+        "32",
+        "--val-images",
+        "128",
+    )
+    return d
+
+
+def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
+    d = vit_export
+    meta = json.loads((d / "model.json").read_text())
+    assert (d / "model.onnx").is_file() and meta["external_data"] == ["model.onnx.data"]
+    assert (d / "model.onnx.data").is_file()
+    assert meta["model_name"] == "vit_mnist" and meta["in_chans"] == 1
+    assert meta["img_size"] == [28, 28] and meta["input_shape"] == ["batch", 1, "height", "width"]
+    assert meta["mean"] == list(MNIST_MEAN) and meta["class_names"][3] == "3"
+    assert len(meta["config_hash"]) == 12 and {"torch", "vision_tfm"} <= set(meta["versions"])
+    assert meta["opset"] == 18 and meta["attention"] == "fused"
+    checks = meta["parity"]["checks"]
+    sizes = {tuple(c["shape"][2:]) for c in checks}
+    assert len(sizes) >= 3 and any(h != w for h, w in sizes)
+    assert {c["shape"][0] for c in checks} == {1, 16}  # batch is dynamic too
+    assert meta["parity"]["ok"] and all(c["max_abs_diff"] <= 1e-4 for c in checks)
+    for mode in ("dynamic", "static"):
+        q = json.loads((d / f"model-int8-{mode}.json").read_text())
+        assert q["format"] == f"onnx-int8-{mode}" and (d / q["file"]).is_file()
+        assert 0.0 <= q["top1_agreement"] <= 1.0 and q["val_images"] == 128
+        assert q["metric_delta"] == pytest.approx(q["top1"] - q["top1_fp32"])
+        assert q["size_mb"] < meta["size_mb"]
+    assert json.loads((d / "model-int8-static.json").read_text())["calibration"]["images"] == 32
+
+
+def test_exported_model_runs_at_a_new_size_on_real_digits(vit_export: Path) -> None:
+    """Independent of the built-in check: onnxruntime vs PyTorch at a size it never saw."""
+    from vision_tfm.export import load_source
+    from vision_tfm.export.onnx import ort_runner, ort_session, resize
+    from vision_tfm.export.source import max_abs_diff
+
+    src = load_source(vit_export / "vit_mnist.pt")
+    x = resize(src.batches("val", 3, limit=3)[0][0], (37, 52))
+    ours = ort_runner(ort_session(vit_export / "model.onnx"))(x)
+    assert max_abs_diff(ours, src.torch_runner()(x)) <= 1e-4
+
+
+def test_swin_exports_with_window_attention_on_the_explicit_path(tmp_path: Path) -> None:
+    ckpt = cls_checkpoint(tmp_path, "swin_mnist")
+    vtfm("export", "--checkpoint", ckpt, "--out", tmp_path / "swin.onnx")
+    meta = json.loads((tmp_path / "swin.json").read_text())
+    assert meta["parity"]["ok"] and meta["input_shape"] == ["batch", 1, 28, 28]
+    assert meta["attention"] == "explicit"  # SDPA's exporter takes only 4-D q/k/v
+    from vision_tfm.export import load_source
+
+    src = load_source(ckpt)
+    assert all(m.fused for m in src.model.modules() if hasattr(m, "fused"))  # flags restored
+
+
+def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    vtfm("export", "--checkpoint", grasp_checkpoint(tmp_path))
+    sess = ort.InferenceSession(str(tmp_path / "model.onnx"))
+    assert [o.name for o in sess.get_outputs()] == ["quality", "cos", "sin", "width"]
+    meta = json.loads((tmp_path / "model.json").read_text())
+    assert meta["task"] == "grasp" and meta["parity"]["ok"] and meta["in_chans"] == 4
+
+
+def test_failed_parity_exits_nonzero_says_by_how_much_and_writes_nothing(
+    vit_export: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A reference that is off by 1e-3 must fail the 1e-4 check (the export itself is reused)."""
+    import shutil
+
+    from vision_tfm.export import pipeline
+    from vision_tfm.export.source import ExportSource
+
+    def reuse_export(model, example, path, **kw) -> None:
+        for name in ("model.onnx", "model.onnx.data"):
+            shutil.copy(vit_export / name, Path(path).parent / name)
+
+    honest = ExportSource.torch_runner
+    monkeypatch.setattr(pipeline, "export_onnx", reuse_export)
+    monkeypatch.setattr(
+        ExportSource, "torch_runner", lambda self: lambda x: [y + 1e-3 for y in honest(self)(x)]
+    )
+    shutil.copy(vit_export / "vit_mnist.pt", tmp_path / "vit_mnist.pt")
+    err = fail(capsys, "export", "--checkpoint", tmp_path / "vit_mnist.pt", "--dynamic", "batch,hw")
+    assert "parity FAILED: max abs diff 1.00e-03 > 1e-04" in err and "over by 9.00e-04" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vit_mnist.pt"]
+
+
+def test_benchmark_table_has_every_column_and_survives_a_failing_format(
+    vit_export: Path, tmp_path: Path, capsys
+) -> None:
+    from vision_tfm.export.benchmark import COLUMNS
+
+    empty = tmp_path / "no_images"
+    empty.mkdir()
+    formats = "torch,torch-bf16,onnx,onnx-int8-dynamic,onnx-int8-static"
+    args = (
+        "benchmark",
+        "--checkpoint",
+        vit_export / "vit_mnist.pt",
+        "--formats",
+        formats,
+        "--quick",
+        "--threads",
+        "1",
+        "--out",
+        tmp_path / "b",
+        "--calib-data",
+        empty,
+    )
+    vtfm(*args)
+    out = capsys.readouterr().out
+    assert "| format | status | size MB | top1 |" in out
+    rows = list(csv.DictReader((tmp_path / "b" / "benchmark.csv").open()))
+    assert tuple(rows[0]) == COLUMNS and [r["format"] for r in rows] == formats.split(",")
+    status = {r["format"]: r["status"] for r in rows}
+    assert (
+        status["onnx-int8-static"].startswith("failed: ValueError")
+        and "no calibration" in (status["onnx-int8-static"])
+    )
+    for r in rows[:4]:
+        assert r["status"] == "ok", r
+        assert float(r["latency_median_ms"]) <= float(r["latency_p90_ms"])
+        assert float(r["throughput_img_s"]) > 0 and float(r["size_mb"]) > 0
+        assert r["threads"] == "1" and float(r["gflops"]) > 0
+    assert float(rows[2]["max_abs_diff"]) <= 1e-4  # fp32 onnx vs PyTorch
+    result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
+    assert result["val_images"] == 64 and result["metric_name"] == "top1"
+    assert (tmp_path / "b" / "benchmark.md").read_text().startswith("| format |")
+    err = fail(capsys, *args)  # the tables exist now: refused before any work
+    assert "exists; pass --overwrite" in err
+
+
+@pytest.mark.parametrize("case", ["opset", "calib", "exists", "unknown_model"])
+def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) -> None:
+    unknown = "vit_giant_imaginary"
+    ckpt = cls_checkpoint(
+        tmp_path, "vit_mnist", model_name=unknown if case == "unknown_model" else None
+    )
+    taken = tmp_path / "taken.onnx"
+    taken.write_text("keep me")
+    extra, message = {
+        "opset": (["--opset", "17"], "unsupported opset 17"),
+        "calib": (
+            ["--int8", "static", "--calib-data", tmp_path / "nowhere"],
+            "calibration data not found",
+        ),
+        "exists": (["--out", taken], f"{taken} exists; pass --overwrite"),
+        "unknown_model": ([], f"unknown model name {unknown!r}"),
+    }[case]
+    assert message in fail(capsys, "export", "--checkpoint", ckpt, *extra)
+    assert taken.read_text() == "keep me"
+
+
+def test_calibration_reads_idx_and_image_folders(tmp_path: Path) -> None:
+    import gzip
+
+    import numpy as np
+    from PIL import Image
+
+    from vision_tfm.export import calibration_images, load_source
+
+    src = load_source(cls_checkpoint(tmp_path, "vit_mnist"))
+    digits = np.zeros((5, 28, 28), np.uint8)
+    digits[:, 10:18, 12:16] = 255
+    header = (2051).to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in digits.shape)
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "t10k-images-idx3-ubyte.gz").write_bytes(
+        gzip.compress(header + digits.tobytes())
+    )
+    (tmp_path / "pngs" / "any").mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(np.full((40, 30, 3), 60 * i, np.uint8)).save(
+            tmp_path / "pngs" / "any" / f"{i}.png"
+        )
+    idx = calibration_images(src, tmp_path / "idx", n=4)
+    pngs = calibration_images(src, tmp_path / "pngs", n=4)
+    own = calibration_images(src, None, n=8)  # the checkpoint's training split (embedded MNIST)
+    assert idx.shape == (4, 1, 28, 28) and pngs.shape == (3, 1, 28, 28) and own.shape[0] == 8
+    lo = (0 - MNIST_MEAN[0]) / MNIST_STD[0]
+    assert idx.min().item() == pytest.approx(lo, abs=1e-4)  # normalised as in training
+    assert pngs[0].max().item() == pytest.approx(lo, abs=1e-4)  # a black image
+
+
+def test_attention_switch_probes_token_rank_and_restores(tmp_path: Path) -> None:
+    from vision_tfm.export import load_source
+    from vision_tfm.export.onnx import export_attention
+
+    for name, expect in (("vit_mnist", "fused"), ("swin_mnist", "explicit")):
+        model = load_source(cls_checkpoint(tmp_path, name)).model
+        with export_attention(model, torch.zeros(2, 1, 28, 28)) as mode:
+            assert mode == expect
+        assert all(m.fused for m in model.modules() if hasattr(m, "fused"))
+
+
+def test_flops_follow_the_two_per_multiply_add_convention() -> None:
+    from vision_tfm.export import count_flops, matmul_ceiling
+    from vision_tfm.export.benchmark import time_runs
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    assert count_flops(model, torch.zeros(4, 32)) == 2 * (32 * 64 + 64 * 8)
+    assert matmul_ceiling(torch.float32, threads=1, n=64, seconds=0.0) > 0
+    calls = []
+    times = time_runs(calls.append, torch.zeros(1), warmup=3, runs=7, seconds=0.0)
+    assert len(times) == 7 and len(calls) == 10

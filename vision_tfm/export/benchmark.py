@@ -76,12 +76,21 @@ class BenchOptions:
     calib_data: str | None = None
     calib_size: int = 256
     ceiling_size: int = 2048  # side of the square matmul that measures the machine's peak
+    ceiling_seconds: float = 1.0  # time spent on that matmul per dtype
     ema: bool = False
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchOptions:
         """Seconds instead of minutes, for tests and smoke runs (numbers are not comparable)."""
-        base = dict(warmup=2, runs=5, seconds=0.0, val_images=64, calib_size=32, ceiling_size=256)
+        base = dict(
+            warmup=2,
+            runs=5,
+            seconds=0.0,
+            val_images=64,
+            calib_size=32,
+            ceiling_size=256,
+            ceiling_seconds=0.05,
+        )
         return cls(**{**base, **kw})
 
     def validate(self) -> None:
@@ -226,9 +235,13 @@ def benchmark_checkpoint(
         xb = batches[0][0].repeat(math.ceil(opts.batch / len(batches[0][0])), 1, 1, 1)
         xb = xb[: opts.batch]
         gflops = count_flops(source.model, x1) / 1e9
-        ceilings = {"fp32": matmul_ceiling(torch.float32, opts.threads, opts.ceiling_size)}
+        dtypes = {"fp32": torch.float32}
         if "torch-bf16" in opts.formats:
-            ceilings["bf16"] = matmul_ceiling(torch.bfloat16, opts.threads, opts.ceiling_size)
+            dtypes["bf16"] = torch.bfloat16
+        ceilings = {
+            k: matmul_ceiling(dt, opts.threads, opts.ceiling_size, opts.ceiling_seconds)
+            for k, dt in dtypes.items()
+        }
         ref = source.evaluate(source.torch_runner(), batches)
         builder = _Formats(source, opts, work)
         rows = []
@@ -294,7 +307,7 @@ _FORMATS = {
     "latency_median_ms": "{:.2f}",
     "latency_p90_ms": "{:.2f}",
     "throughput_img_s": "{:.0f}",
-    "gflops": "{:.3f}",
+    "gflops": "{:.3g}",
     "pct_of_ceiling": "{:.1f}",
 }
 

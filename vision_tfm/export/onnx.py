@@ -285,11 +285,6 @@ class ParityReport:
         return {"ok": self.ok, "atol": self.atol, "checks": [asdict(c) for c in self.checks]}
 
 
-def round_up(n: float, k: int) -> int:
-    """Smallest multiple of ``k`` that is >= ``n``."""
-    return int(math.ceil(n / k) * k)
-
-
 def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Bilinearly resize normalised images (real content at a new size, not noise)."""
     if tuple(x.shape[-2:]) == tuple(size):
@@ -297,21 +292,22 @@ def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
 
 
-def hw_sizes(size: tuple[int, int], stride: int) -> list[tuple[int, int]]:
-    """Parity sizes for a dynamic-H/W export: the base, a non-square one and a larger one."""
+def hw_sizes(size: tuple[int, int]) -> list[tuple[int, int]]:
+    """Parity sizes for a dynamic-H/W export: the base, a wider one, and an odd taller one."""
     H, W = size
-    return [
-        (H, W),
-        (H, round_up(1.5 * W, stride)),
-        (round_up(1.5 * H, stride), round_up(1.5 * W, stride)),
-    ]
+    return [(H, W), (H, W + W // 2), (H + H // 2 + 1, W + 1)]
 
 
 def trace_size(size: tuple[int, int], stride: int, dynamic: frozenset[str]) -> tuple[int, int]:
-    """Where to trace: the export size, or for dynamic H/W a non-square size off the base grid."""
+    """Where to trace: the export size, or for dynamic H/W a size off every grid.
+
+    Not a multiple of the stride, so "pad if needed" branches are recorded with symbolic
+    (possibly zero) padding, and not the training grid, so ViT records its position-table
+    resampling (exact at the training grid) rather than the same-grid shortcut.
+    """
     if "hw" not in dynamic:
         return size
-    return (size[0] + stride, size[1] + 2 * stride)
+    return (size[0] + 1, size[1] + stride + 1)
 
 
 def parity_inputs(
@@ -326,7 +322,7 @@ def parity_inputs(
         batches = [x, x[:1]]
     else:
         batches = [x[i : i + 1] for i in range(min(len(x), 4))]
-    sizes = hw_sizes(size, source.stride) if "hw" in dynamic else [size]
+    sizes = hw_sizes(size) if "hw" in dynamic else [size]
     return [resize(b, s) for s in sizes for b in batches]
 
 

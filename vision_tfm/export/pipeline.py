@@ -150,11 +150,11 @@ def export_checkpoint(
         meta["parity"] = report.as_dict()
         if opts.int8:
             meta["int8"] = _quantise(source, fp32, out, tmp, size, opts, log)
-        for mode in opts.int8:
+        for mode, result in meta.get("int8", {}).items():
             q = int8_path(out, mode)
-            _write_json(
-                tmp / q.with_suffix(".json").name, {**meta, "file": q.name, **meta["int8"][mode]}
-            )
+            info = {k: v for k, v in meta.items() if k not in ("int8", "parity", "external_data")}
+            info.update(format=f"onnx-int8-{mode}", file=q.name, fp32_file=out.name, **result)
+            _write_json(tmp / q.with_suffix(".json").name, info)
         _write_json(tmp / out.with_suffix(".json").name, meta)
         written = _install(tmp, out.parent, [p.name for p in planned])
     log(f"wrote {', '.join(str(p) for p in written)}")
@@ -186,7 +186,6 @@ def _metadata(
         "opset": opts.opset,
         "input_shape": [batch, source.in_chans, *hw],
         "dynamic_axes": sorted(dynamic),
-        "hw_multiple_of": source.stride if "hw" in dynamic else None,
         "attention": attention,
     }
 

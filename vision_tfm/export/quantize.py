@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 from onnxruntime.quantization import (
     CalibrationDataReader,
@@ -90,7 +91,15 @@ def quantize_int8(
         raise ValueError("static int8 needs calibration images")
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         pre = Path(tmp) / "pre.onnx"
-        quant_pre_process(str(fp32_path), str(pre))
+        # One self-contained file: quant_pre_process loses external data on its way through.
+        single = Path(tmp) / "fp32.onnx"
+        onnx.save(onnx.load(str(fp32_path)), str(single))
+        try:
+            quant_pre_process(str(single), str(pre))
+        except Exception:
+            # ORT's symbolic shape inference gives up on some dynamic-H/W shape arithmetic
+            # (symbolic padding, resampling); ONNX shape inference alone is enough to quantise.
+            quant_pre_process(str(single), str(pre), skip_symbolic_shape=True)
         if mode == "dynamic":
             quantize_dynamic(str(pre), str(out_path), weight_type=QuantType.QInt8)
         else:

@@ -187,12 +187,8 @@ class HybridTrunk(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Image -> (normed token map ``(B, D, H/r, W/r)``, stem maps at strides 1, 2, ...)."""
-        x = x.contiguous(memory_format=torch.channels_last)  # see _stem_input
-        feats = []
-        for stage in self.stem:
-            x = stage(x)
-            feats.append(x)
-        return self.transform(x), feats
+        *feats, tokens = self.forward_intermediates(x, norm=True)
+        return tokens, feats
 
     def forward_intermediates(
         self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
@@ -200,6 +196,8 @@ class HybridTrunk(nn.Module):
         """Stem stage maps then the Transformer output, all NCHW (see ``feature_info``)."""
         n = len(self.feature_info)
         take = select_indices(indices, n, "stage")
+        # channels_last: faster CPU (oneDNN) and AMP convs, and the token flatten is a view
+        x = x.contiguous(memory_format=torch.channels_last)
         outs = []
         for i, stage in enumerate(self.stem[: take[-1] + 1]):
             x = stage(x)
@@ -311,7 +309,7 @@ class UpStage(nn.Module):
         self.blocks = nn.Sequential(*(DwResBlock(out_chs) for _ in range(depth)))
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(self.reduce(x), size=skip.shape[-2:], mode="bilinear", align_corners=False)
+        x = F.interpolate(self.reduce(x), skip.shape[-2:], mode="bilinear", align_corners=False)
         return self.blocks(x + skip)  # (B, C_skip, H_skip, W_skip)
 
 

@@ -86,11 +86,19 @@ class WindowAttention(Attention):
             persistent=False,
         )
 
+    frozen_bias: torch.Tensor | None = None  # set by optimize_for_inference
+
     def rel_bias(self) -> torch.Tensor:
-        """``(heads, N, N)`` bias gathered from the table."""
+        """``(heads, N, N)`` bias gathered from the table (or the frozen copy)."""
+        if self.frozen_bias is not None:
+            return self.frozen_bias
         return relative_position_bias(
             self.relative_position_bias_table, self.relative_position_index
         )
+
+    def freeze_bias(self) -> None:
+        """Gather the bias once for inference; the table must not change afterwards."""
+        self.frozen_bias = self.rel_bias().detach()
 
 
 class SwinBlock(Block):
@@ -117,6 +125,22 @@ class SwinBlock(Block):
             self._mask_cache[key] = shifted_window_mask(Hp, Wp, self.window_size, shift).to(device)
         return self._mask_cache[key]
 
+    def _bias(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """Relative position bias, plus the shifted-window mask when shifted.
+
+        With a frozen bias (inference fast path) the sum is cached per input size.
+        """
+        bias = self.attn.rel_bias()
+        if not any(shift):
+            return bias
+        frozen = self.attn.frozen_bias is not None
+        if frozen and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+            key = ("bias", Hp, Wp, shift, device, bias.dtype)
+            if key not in self._mask_cache:
+                self._mask_cache[key] = bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
+            return self._mask_cache[key]
+        return bias + self._mask(Hp, Wp, shift, device)
+
     def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:
         _, H, W, _ = x.shape
         ws = self.window_size
@@ -128,9 +152,7 @@ class SwinBlock(Block):
         shift = (self.shift_size if ws < Hp else 0, self.shift_size if ws < Wp else 0)
         if any(shift):
             x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
-        bias = self.attn.rel_bias()  # (heads, N, N)
-        if any(shift):
-            bias = bias + self._mask(Hp, Wp, shift, x.device)  # (nW, heads, N, N)
+        bias = self._bias(Hp, Wp, shift, x.device)  # (heads, N, N) or (nW, heads, N, N)
         windows = window_partition(x, ws)  # (B, nW, N, C)
         windows = self.attn(windows, bias=bias)  # (B, nW, N, C)
         x = window_reverse(windows, ws, Hp, Wp)  # (B, Hp, Wp, C)

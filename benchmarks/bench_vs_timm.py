@@ -1,0 +1,227 @@
+"""Ours vs timm on this CPU: same weights, checked parity, interleaved timings.
+
+    python benchmarks/bench_vs_timm.py                          # full grid, ~15 min on 2 cores
+    python benchmarks/bench_vs_timm.py --quick                  # one round per case, ~3 min
+    python benchmarks/bench_vs_timm.py --models swin --modes infer --batches 16
+
+For every case (model x precision x batch x threads x mode) both models run in alternating
+rounds (ours, timm, timm, ours, ...) so machine noise hits both alike; each reports its
+median time per step. "speedup" is timm time / ours time (> 1: ours is faster). GFLOP/s
+counts 2 FLOPs per multiply-add (``torch.utils.flop_counter``); a training step is counted
+as 3x the forward. The matmul ceiling is a 2048x2048 matmul timed in the same run at the
+same thread count and precision.
+
+Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 weights for
+the bf16 case); training uses the plain model. ``grasp_hybrid_s`` is compared with its own
+unoptimised eager version (timm has no such model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import vision_tfm as vt
+
+PAIRS = {
+    "vit": ("vit_small_patch16_224", "vit_small_patch16_224"),
+    "swin": ("swin_tiny_patch4_window7_224", "swin_tiny_patch4_window7_224"),
+    "grasp": ("grasp_hybrid_s", None),
+}
+
+
+def matmul_ceiling(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
+    """GFLOP/s of an n x n matmul at the current thread count."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def forward_flops(model: torch.nn.Module, x: torch.Tensor) -> float:
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        model(x)
+    return float(fc.get_total_flops())
+
+
+def loss_of(out) -> torch.Tensor:
+    if isinstance(out, dict):
+        return sum(v.float().square().mean() for v in out.values())
+    return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long))
+
+
+def make_step(model, x, mode: str, prec: str) -> Callable[[], None]:
+    ac = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16")
+    if mode == "infer":
+
+        def step() -> None:
+            with torch.inference_mode(), ac:
+                model(x)
+
+        return step
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+
+    def train_step() -> None:
+        with ac:
+            loss = loss_of(model(x))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return train_step
+
+
+def interleaved(steps: dict[str, Callable[[], None]], rounds: int, iters: int) -> dict[str, float]:
+    """Median seconds per step for each entry, alternating the order every round."""
+    for s in steps.values():  # warmup
+        for _ in range(2):
+            s()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    names = list(steps)
+    for r in range(rounds):
+        for k in names if r % 2 == 0 else names[::-1]:
+            t = time.perf_counter()
+            for _ in range(iters):
+                steps[k]()
+            times[k].append((time.perf_counter() - t) / iters)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def build(kind: str, prec: str, mode: str):
+    """(ours, reference, label of the reference), same weights."""
+    ours_name, timm_name = PAIRS[kind]
+    torch.manual_seed(0)
+    if timm_name is None:  # grasp: the reference is our own unoptimised model
+        ref = vt.create_model(ours_name).eval()
+        ours = copy.deepcopy(ref)
+        label = "unfused"
+    else:
+        ref = timm.create_model(timm_name, pretrained=False).eval()
+        ours = vt.load_pretrained(vt.create_model(ours_name), ref.state_dict()).eval()
+        label = "timm"
+    if mode == "infer":
+        vt.optimize_for_inference(ours, dtype=torch.bfloat16 if prec == "bf16" else None)
+    else:
+        ours.train()
+        ref.train()
+    return ours, ref, label
+
+
+def check_parity(ours, ref, x, prec: str) -> float:
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"):
+        a, b = ours.eval()(x), ref.eval()(x)
+    if isinstance(a, dict):
+        a, b = (
+            torch.cat([v.flatten() for v in a.values()]),
+            torch.cat([v.flatten() for v in b.values()]),
+        )
+    diff = (a.float() - b.float()).abs().max().item()
+    tol = 1e-4 if prec == "fp32" else 2e-2 * max(1.0, b.float().abs().max().item())
+    if diff > tol:
+        raise SystemExit(f"parity failed: max abs diff {diff:.3e} > {tol:.1e} ({prec})")
+    return diff
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="vit,swin,grasp")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--batches", default="1,16")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--modes", default="infer,train")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--quick", action="store_true", help="2 rounds, 1 iteration each")
+    args = p.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    rows = []
+    ceilings: dict[tuple[int, str], float] = {}
+    for threads in map(int, args.threads.split(",")):
+        torch.set_num_threads(threads)
+        for prec in args.precisions.split(","):
+            ceilings[(threads, prec)] = matmul_ceiling(
+                torch.float32 if prec == "fp32" else torch.bfloat16
+            )
+            for kind in args.models.split(","):
+                for mode in args.modes.split(","):
+                    if kind == "grasp" and mode == "train":
+                        continue  # the fast path is inference-only
+                    for batch in map(int, args.batches.split(",")):
+                        ours, ref, label = build(kind, prec, mode)
+                        c = 4 if kind == "grasp" else 3
+                        x = torch.randn(batch, c, 224, 224)
+                        diff = check_parity(ours, ref, x, prec)
+                        flops = forward_flops(ref, x) * (3 if mode == "train" else 1)
+                        if mode == "train":
+                            ours.train()
+                            ref.train()
+                        xin = (
+                            x.bfloat16()
+                            if (
+                                prec == "bf16"
+                                and mode == "infer"
+                                and next(ours.parameters()).dtype == torch.bfloat16
+                            )
+                            else x
+                        )
+                        steps = {
+                            "ours": make_step(ours, xin, mode, prec),
+                            "ref": make_step(ref, x, mode, prec),
+                        }
+                        iters = 1 if args.quick else max(1, int(4 / batch) + 1)
+                        t = interleaved(steps, rounds, iters)
+                        gf = flops / t["ours"] / 1e9
+                        rows.append(
+                            {
+                                "model": PAIRS[kind][0],
+                                "vs": label,
+                                "mode": mode,
+                                "prec": prec,
+                                "batch": batch,
+                                "threads": threads,
+                                "ref_ms": t["ref"] * 1e3,
+                                "ours_ms": t["ours"] * 1e3,
+                                "speedup": t["ref"] / t["ours"],
+                                "gflops": gf,
+                                "ceiling": 100 * gf / ceilings[(threads, prec)],
+                                "parity": diff,
+                            }
+                        )
+                        r = rows[-1]
+                        print(
+                            f"{r['model']:<30} {mode:<5} {prec:<4} b{batch:<3} t{threads} "
+                            f"{label} {r['ref_ms']:8.1f} ms  ours {r['ours_ms']:8.1f} ms  "
+                            f"x{r['speedup']:.2f}  {gf:6.1f} GFLOP/s ({r['ceiling']:.0f}%)",
+                            flush=True,
+                        )
+    print(
+        "\nmatmul ceiling (2048^2): "
+        + ", ".join(f"{prec} {t} thr {v:.0f} GFLOP/s" for (t, prec), v in ceilings.items())
+    )
+    print(
+        "\n| model | vs | mode | precision | batch | threads | ref ms | ours ms | speedup "
+        "| ours GFLOP/s | % of matmul ceiling | max abs diff |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['vs']} | {r['mode']} | {r['prec']} | {r['batch']} | "
+            f"{r['threads']} | {r['ref_ms']:.1f} | {r['ours_ms']:.1f} | {r['speedup']:.2f} | "
+            f"{r['gflops']:.1f} | {r['ceiling']:.0f}% | {r['parity']:.1e} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

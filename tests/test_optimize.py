@@ -1,0 +1,60 @@
+"""The inference fast path changes speed, not results."""
+
+import pytest
+import torch
+
+import vision_tfm as vt
+from vision_tfm.layers import LayerScale
+from conftest import input_size
+
+
+def _warm_bn(m, x):
+    m.train()
+    with torch.no_grad():  # give BatchNorm non-trivial running statistics to fold
+        for _ in range(3):
+            m(x * 2 + 0.5)
+    return m.eval()
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("vit_test", {"init_values": 0.1}),
+        ("swin_test", {}),
+        ("hybrid_test", {}),
+        ("grasp_hybrid_t", {"embed_dim": 32, "num_heads": 2}),
+    ],
+)
+def test_optimize_for_inference_parity(name, kw):
+    torch.manual_seed(0)
+    m = vt.create_model(name, **kw)
+    c, h, w = input_size(m)
+    x = torch.randn(2, c, h, w)
+    _warm_bn(m, x)
+    with torch.no_grad():
+        ref = m(x)
+    torch.manual_seed(1)
+    other = torch.randn(1, c, h + 8, w + 16)
+    with torch.no_grad():
+        ref_other = m(other)  # another size: exercises the per-size caches
+    fast = vt.optimize_for_inference(m)
+    assert not any(isinstance(mod, torch.nn.BatchNorm2d) for mod in fast.modules())
+    assert not any(isinstance(mod, LayerScale) for mod in fast.modules())
+    with torch.no_grad():
+        out, out_other = fast(x), fast(other)
+        again = fast(x)  # second call hits the caches
+    flat = lambda o: torch.cat([v.flatten() for v in o.values()]) if isinstance(o, dict) else o
+    for a, b in ((out, ref), (again, ref), (out_other, ref_other)):
+        torch.testing.assert_close(flat(a), flat(b), atol=1e-5, rtol=1e-5)
+
+
+def test_optimize_bf16_weights_stay_close():
+    torch.manual_seed(0)
+    m = vt.create_model("swin_test").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = m(x)
+        fast = vt.optimize_for_inference(m, dtype=torch.bfloat16)
+        out = fast(x.bfloat16()).float()
+    assert fast.patch_embed.proj.weight.dtype == torch.bfloat16
+    assert (out - ref).abs().max().item() < 0.1

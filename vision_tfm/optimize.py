@@ -1,0 +1,78 @@
+"""An inference fast path: fold what training needed apart, pre-compute what is constant.
+
+``optimize_for_inference(model)`` returns the same model, in eval mode, with
+- BatchNorm folded into the preceding conv (hybrid stems and decoders);
+- LayerScale folded into the projection before it;
+- Swin's relative position bias gathered once per block, and the shifted-window mask
+  added to it once per input size (cached);
+- attention on the fused SDPA path;
+- optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts).
+Outputs match the unoptimised model to float tolerance (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+from .layers import Attention, Block, LayerScale, set_fused_attn
+
+__all__ = ["optimize_for_inference"]
+
+
+def _fold_conv_bn(module: nn.Module) -> int:
+    """Replace every ``conv`` -> ``bn`` pair held by one parent with a single conv."""
+    folded = 0
+    for parent in module.modules():
+        names = list(parent._modules)
+        for a, b in zip(names, names[1:]):
+            conv, bn = parent._modules[a], parent._modules[b]
+            if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
+                parent._modules[a] = fuse_conv_bn_eval(conv, bn)
+                parent._modules[b] = nn.Identity()
+                folded += 1
+    return folded
+
+
+def _fold_layer_scale(module: nn.Module) -> int:
+    """``ls(proj(x))`` -> ``proj'(x)`` with the per-channel scale in proj's rows."""
+    folded = 0
+    for blk in module.modules():
+        if not isinstance(blk, Block):
+            continue
+        for ls_name, lin in (("ls1", blk.attn.proj), ("ls2", blk.mlp.fc2)):
+            ls = getattr(blk, ls_name)
+            if isinstance(ls, LayerScale):
+                with torch.no_grad():
+                    lin.weight.mul_(ls.gamma[:, None])
+                    if lin.bias is not None:
+                        lin.bias.mul_(ls.gamma)
+                setattr(blk, ls_name, nn.Identity())
+                folded += 1
+    return folded
+
+
+@torch.no_grad()
+def optimize_for_inference(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Fold and freeze ``model`` for inference (in place); see the module docstring.
+
+    The result must not be trained further: folded BatchNorm and frozen biases no longer
+    follow parameter updates.
+    """
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    _fold_conv_bn(model)
+    _fold_layer_scale(model)
+    set_fused_attn(model, True)
+    for m in model.modules():
+        if hasattr(m, "freeze_bias"):
+            m.freeze_bias()
+    if dtype is not None:
+        model.to(dtype)
+        for m in model.modules():
+            if isinstance(m, Attention) and getattr(m, "frozen_bias", None) is not None:
+                m.frozen_bias = m.frozen_bias.to(dtype)
+    model.inference_optimized = True
+    return model
