@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from conftest import input_size
 
 import vision_tfm as vt
 from vision_tfm.layers import LayerScale
-from conftest import input_size
 
 
 def _warm_bn(m, x):
@@ -43,7 +43,10 @@ def test_optimize_for_inference_parity(name, kw):
     with torch.no_grad():
         out, out_other = fast(x), fast(other)
         again = fast(x)  # second call hits the caches
-    flat = lambda o: torch.cat([v.flatten() for v in o.values()]) if isinstance(o, dict) else o
+
+    def flat(o):
+        return torch.cat([v.flatten() for v in o.values()]) if isinstance(o, dict) else o
+
     for a, b in ((out, ref), (again, ref), (out_other, ref_other)):
         torch.testing.assert_close(flat(a), flat(b), atol=1e-5, rtol=1e-5)
 

@@ -12,6 +12,8 @@ Outputs match the unoptimised model to float tolerance (tested).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
@@ -26,7 +28,7 @@ def _fold_conv_bn(module: nn.Module) -> int:
     folded = 0
     for parent in module.modules():
         names = list(parent._modules)
-        for a, b in zip(names, names[1:]):
+        for a, b in itertools.pairwise(names):
             conv, bn = parent._modules[a], parent._modules[b]
             if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
                 parent._modules[a] = fuse_conv_bn_eval(conv, bn)
