@@ -3,12 +3,15 @@
 Run: ``python benchmarks/bench_grasp_latency.py [--threads 2] [--runs 50] [--warmup 10]``
 (about 30 s on 2 cores). Targets: grasp_hybrid_t <= 35 ms, grasp_hybrid_s <= 100 ms
 (GR-ConvNet: 66 ms at 0.48 M parameters, 195 ms at 1.9 M). Each model is timed in eval mode
-under ``no_grad`` and under ``inference_mode``, in NCHW and channels_last memory formats.
+under ``no_grad`` and under ``inference_mode``, with NCHW and channels_last inputs (the model
+runs its convs channels_last either way). Timings on a shared box are only as good as its
+load, so the load average is printed too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -49,14 +52,15 @@ def bench(name: str, size: int, runs: int, warmup: int) -> None:
         "no_grad": torch.no_grad,
         "inference_mode": torch.inference_mode,
     }
+    # the model keeps its convs channels_last itself; only the caller's input format varies
     for fmt in (torch.contiguous_format, torch.channels_last):
-        m, xi = model.to(memory_format=fmt), x.contiguous(memory_format=fmt)
+        xi = x.contiguous(memory_format=fmt)
         for mode, ctx in modes.items():
             with ctx():
-                times = time_ms(lambda m=m, xi=xi: m(xi), runs, warmup)
-            fmt_name = "channels_last" if fmt is torch.channels_last else "nchw"
+                times = time_ms(lambda xi=xi: model(xi), runs, warmup)
+            fmt_name = "in:channels_last" if fmt is torch.channels_last else "in:nchw"
             print(
-                f"{name:16s} {params / 1e6:5.3f}M  {fmt_name:13s} {mode:14s} "
+                f"{name:16s} {params / 1e6:5.3f}M  {fmt_name:16s} {mode:14s} "
                 f"median {statistics.median(times):6.1f} ms  p90 {percentile(times, 90):6.1f} ms"
                 f"  (target {TARGET_MS.get(name, float('nan')):.0f} ms)"
             )
@@ -71,7 +75,9 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(TARGET_MS))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())  # other jobs on the box skew timings
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.size}x{args.size}")
+    print(f"{os.cpu_count()} CPUs, load average {load}")
     for name in args.models:
         bench(name, args.size, args.runs, args.warmup)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -48,6 +49,24 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
     save_heatmap_overlay(img, heat, out)
+    print(f"wrote {out}")
+
+
+def cmd_grasp(args: argparse.Namespace) -> None:
+    """Print the top grasps on one view and write an overlay PNG."""
+    from .train.grasp import draw_grasps, predict_grasps
+
+    out = Path(args.out or Path(args.image).with_suffix("").name + "_grasps.png")
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    grasps, image = predict_grasps(args.checkpoint, args.image, args.depth, args.top)
+    print(f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}")
+    for g in grasps:
+        print(
+            f"{g.x:8.1f} {g.y:8.1f} {math.degrees(g.angle):10.1f} {g.opening:8.1f} "
+            f"{g.jaw:8.1f} {g.quality:8.3f}"
+        )
+    draw_grasps(image, grasps, None, out)
     print(f"wrote {out}")
 
 
@@ -132,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--overwrite", action="store_true")
     at.add_argument("--ema", action="store_true")
     at.set_defaults(fn=cmd_attention)
+    gr = sub.add_parser("grasp", help="top grasps (x, y, angle, opening, jaw) + overlay PNG")
+    gr.add_argument("image")
+    gr.add_argument("--depth", help="depth TIFF (needed by depth / RGB-D models)")
+    gr.add_argument("--checkpoint", required=True)
+    gr.add_argument("--top", type=int, default=5, help="number of grasps")
+    gr.add_argument("--out", help="PNG path (default: <image>_grasps.png)")
+    gr.add_argument("--overwrite", action="store_true")
+    gr.set_defaults(fn=cmd_grasp)
     _add_export(sub)
     _add_benchmark(sub)
     return p

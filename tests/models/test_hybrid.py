@@ -47,7 +47,7 @@ def test_mnist_config_works_on_a_7x7_grid():
     m = vt.create_model("hybrid_mnist").eval()
     x = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
-        assert m.forward_features(x).shape == (2, 128, 7, 7)
+        assert m.forward_features(x).shape == (2, 96, 7, 7)
         assert m(x).shape == (2, 10)
 
 

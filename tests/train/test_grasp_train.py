@@ -101,3 +101,31 @@ def test_grasp_cli_bad_input(tmp_path, setup, args, msg):
     lines = r.stderr.strip().splitlines()
     assert msg in lines[-1] and lines[-1].startswith("error: "), r.stderr[-1500:]
     assert not (tmp_path / "runs").exists()
+
+
+def test_vtfm_grasp_cli(trained, tmp_path):
+    trainer, _ = trained
+    view = FIX / "01" / "pcd0101"
+    png = tmp_path / "g.png"
+    args = [
+        sys.executable,
+        "-m",
+        "vision_tfm.cli",
+        "grasp",
+        f"{view}r.png",
+        "--depth",
+        f"{view}d.tiff",
+        "--checkpoint",
+        str(trainer.run_dir / "best.pt"),
+        "--top",
+        "2",
+        "--out",
+        str(png),
+    ]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split() == ["x", "y", "angle_deg", "opening", "jaw", "quality"]
+    assert 2 <= len(lines) <= 4 and png.stat().st_size > 1000
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)  # refuses to overwrite
+    assert r.returncode == 2 and "exists; pass --overwrite" in r.stderr

@@ -33,6 +33,7 @@ from .onnx import (
     check_parity,
     export_attention,
     export_onnx,
+    one_line,
     ort_runner,
     ort_session,
     parity_inputs,
@@ -176,7 +177,7 @@ class _Formats:
                 self.exports[opset] = e
         done = self.exports[opset]
         if isinstance(done, Exception):
-            raise RuntimeError(f"fp32 ONNX export at opset {opset} failed: {_one_line(done)}")
+            raise RuntimeError(f"fp32 ONNX export at opset {opset} failed: {one_line(done)}")
         return done
 
     def _export(self, opset: int) -> tuple[Path, str]:
@@ -204,11 +205,6 @@ def _state_dict_mb(model: torch.nn.Module) -> float:
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     return buf.tell() / 1e6
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
 def benchmark_checkpoint(
@@ -262,7 +258,7 @@ def benchmark_checkpoint(
                 ceiling = ceilings["bf16" if fmt == "torch-bf16" else "fp32"]
                 row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
             except Exception as e:  # one format's failure is a row, not the end of the table
-                row.status = f"failed: {_one_line(e)}"
+                row.status = f"failed: {one_line(e)}"
             rows.append(row)
             log(f"{fmt}: {row.status}")
     return {

@@ -4,9 +4,10 @@ Export traces with ``torch.export``, so Python branches on the input size are de
 at the trace size, and the ONNX graph is only right for sizes that take the same branches.
 Two consequences shape this module:
 
-* A dynamic-H/W export traces at a size that is *not* the training size (non-square, a
-  multiple of the model's stride), so ViT records its position-table resampling instead of
-  the "same grid, return the table" shortcut. The resampling is exact at the training size.
+* A dynamic-H/W export traces at a size that is neither the training size nor a multiple
+  of the model's stride. "Pad if needed" branches are then recorded with symbolic (possibly
+  zero) padding, and ViT records its position-table resampling instead of the "same grid,
+  return the table" shortcut; the resampling is exact at the training grid.
 * Every export is checked against PyTorch on real val images at several sizes; a graph that
   was specialised to its trace size fails that check instead of shipping.
 
@@ -46,6 +47,7 @@ __all__ = [
     "export_attention",
     "export_onnx",
     "model_files",
+    "one_line",
     "ort_runner",
     "ort_session",
     "parity_inputs",
@@ -113,19 +115,18 @@ def export_attention(model: nn.Module, example: torch.Tensor, mode: str = "auto"
     else:
         for m in layers:
             m.fused = mode == "fused"
-    used = {m.fused for m in layers}
-    label = (
-        "none"
-        if not used
-        else "mixed"
-        if len(used) > 1
-        else ("fused" if True in used else "explicit")
-    )
     try:
-        yield label
+        yield _path_label(layers)
     finally:
         for m, flag in zip(layers, prev):
             m.fused = flag
+
+
+def _path_label(layers: list[Attention]) -> str:
+    fused = {m.fused for m in layers}
+    if len(fused) != 1:
+        return "mixed" if fused else "none"
+    return "fused" if fused.pop() else "explicit"
 
 
 def export_onnx(
@@ -162,7 +163,7 @@ def export_onnx(
                 verbose=False,
             )
     except Exception as e:
-        raise ValueError(f"torch.onnx.export failed: {_root_cause(e)}") from None
+        raise ValueError(f"torch.onnx.export failed: {one_line(e)}") from None
     graph = prog.model.graph
     shape = graph.inputs[0].shape
     axis_names = {0: "batch", 2: "height", 3: "width"}
@@ -171,12 +172,12 @@ def export_onnx(
     prog.save(str(path), external_data=True)
 
 
-def _root_cause(e: BaseException) -> str:
-    """First line of the innermost exception: the exporter wraps the useful one deeply."""
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """Type and first line of the innermost cause (the exporter wraps the useful one deeply)."""
     while e.__cause__ is not None:
         e = e.__cause__
     lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:limit]
 
 
 def _name_outputs(graph: Any, names: Sequence[str]) -> None:
@@ -217,7 +218,7 @@ def ort_session(path: str | Path, threads: int = 0) -> Any:
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3  # errors only
+    so.log_severity_level = 4  # fatal only: run errors are raised as exceptions anyway
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
@@ -269,20 +270,28 @@ class ParityReport:
         shapes = ", ".join(c.label() for c in self.checks)
         if self.ok:
             return f"parity ok: max abs diff {self.worst:.2e} <= {self.atol:.0e} at {shapes}"
-        parts = [f"onnxruntime failed at {c.label()}: {c.error}" for c in self.checks if c.error]
-        bad = [c for c in self.checks if not c.error and c.max_abs_diff > self.atol]
+        parts = []
+        bad = [c for c in self.checks if not c.error and not c.max_abs_diff <= self.atol]
         if bad:
             w = max(bad, key=lambda c: c.max_abs_diff)
-            parts.insert(
-                0,
+            parts.append(
                 f"max abs diff {w.max_abs_diff:.2e} > {self.atol:.0e} at {w.label()} "
                 f"(over by {w.max_abs_diff - self.atol:.2e}; failing: "
-                f"{', '.join(c.label() for c in bad)})",
+                f"{', '.join(c.label() for c in bad)})"
             )
+        crashed = [c for c in self.checks if c.error]
+        if crashed:
+            shapes = ", ".join(c.label() for c in crashed)
+            parts.append(f"onnxruntime failed at {shapes}: {crashed[0].error[:160]}")
         return "parity FAILED: " + "; ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "atol": self.atol, "checks": [asdict(c) for c in self.checks]}
+        """JSON-safe: a check that did not run has ``max_abs_diff`` None, not infinity."""
+        checks = [asdict(c) for c in self.checks]
+        for c in checks:
+            if not math.isfinite(c["max_abs_diff"]):
+                c["max_abs_diff"] = None
+        return {"ok": self.ok, "atol": self.atol, "checks": checks}
 
 
 def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -336,9 +345,8 @@ def check_parity(
         ref = reference(x)
         try:
             out = run(x)
-        except Exception as e:  # onnxruntime raises its own types; keep the first line
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            report.checks.append(ParityCheck(tuple(x.shape), math.inf, msg[:300]))
+        except Exception as e:  # onnxruntime raises its own types
+            report.checks.append(ParityCheck(tuple(x.shape), math.inf, one_line(e)))
             continue
         report.checks.append(ParityCheck(tuple(x.shape), max_abs_diff(out, ref)))
     return report

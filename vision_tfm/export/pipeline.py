@@ -34,7 +34,7 @@ from .onnx import (
 from .quantize import INT8_MODES, calibration_images, quantize_int8
 from .source import ExportSource, load_source
 
-__all__ = ["ExportOptions", "export_checkpoint", "int8_path", "refuse_existing", "score_int8"]
+__all__ = ["ExportOptions", "export_checkpoint", "int8_path", "refuse_existing"]
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
     return out, planned
 
 
-def score_int8(
+def _score_int8(
     source: ExportSource, fp32_eval: Any, path: Path, batches: list, threads: int = 0
 ) -> dict[str, Any]:
     """Metric of an int8 file, its change from fp32 and its top-1 agreement with fp32."""
@@ -136,7 +136,6 @@ def export_checkpoint(
                 opset=opts.opset,
             )
         report = check_parity(ort_session(fp32), source.torch_runner(), inputs, opts.atol)
-        log(f"{source.model_name}: {report.summary()}")
         if not report.ok:
             hint = ""
             if "hw" in dynamic:
@@ -145,6 +144,7 @@ def export_checkpoint(
                     " and --img-size HxW for each size you need)"
                 )
             raise ParityError(f"{source.model_name}: {report.summary()}{hint}")
+        log(f"{source.model_name}: {report.summary()}")
 
         meta = _metadata(source, out.name, fp32, dynamic, size, opts, attention)
         meta["parity"] = report.as_dict()
@@ -209,7 +209,7 @@ def _quantise(
     for mode in opts.int8:
         q = tmp / int8_path(out, mode).name
         quantize_int8(fp32, q, mode, calib)
-        r = score_int8(source, ref, q, batches)
+        r = _score_int8(source, ref, q, batches)
         r["calibration"] = (
             None
             if mode == "dynamic"

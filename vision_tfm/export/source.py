@@ -7,6 +7,7 @@ on random noise, and every format is scored by the same metric code.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,13 +48,13 @@ class Evaluation:
 
 
 def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
-    """Largest element-wise difference over all outputs (inf on a shape mismatch)."""
-    worst = 0.0
+    """Largest element-wise difference over all outputs: inf on a shape mismatch, NaN if any."""
+    diffs = []
     for x, y in zip(a, b, strict=True):
         if x.shape != y.shape:
-            return float("inf")
-        worst = max(worst, (x.float() - y.float()).abs().max().item())
-    return worst
+            return math.inf
+        diffs.append((x.float() - y.float()).abs().max().item())
+    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0)
 
 
 @dataclass

@@ -224,6 +224,11 @@ class _HybridModel(nn.Module):
             {**info, "module": f"trunk.{info['module']}"} for info in self.trunk.feature_info
         ]
 
+    def _init_weights(self) -> None:
+        """timm init; conv weights channels_last like the activations, so no per-call reorder."""
+        self.apply(init_weights)
+        self.to(memory_format=torch.channels_last)
+
     def _check(self, x: torch.Tensor) -> None:
         check_image(x, self.in_chans, self.trunk.reduction, type(self).__name__)
 
@@ -269,7 +274,7 @@ class HybridClassifier(_HybridModel):
         self.num_classes = cfg.num_classes
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
-        self.apply(init_weights)
+        self._init_weights()
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Average-pool the NCHW token map and classify; ``pre_logits`` returns the pooled."""
@@ -335,9 +340,9 @@ class GraspHybrid(_HybridModel):
         )
         self.head = nn.Conv2d(chs[0], len(GRASP_KEYS), 1)
         self.quality_logits = cfg.quality_logits
-        self.apply(init_weights)
+        self._init_weights()
 
-    def forward_head(self, x: torch.Tensor, skips: Sequence[torch.Tensor]) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, skips: Sequence[torch.Tensor]) -> torch.Tensor:
         """Token map and stem maps (fine -> coarse) -> raw ``(B, 4, H, W)`` map logits."""
         for stage, skip in zip(self.decoder, reversed(skips)):
             x = stage(x, skip)
@@ -351,7 +356,7 @@ class GraspHybrid(_HybridModel):
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, feats = self.trunk(x)
-        out = self.forward_head(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
+        out = self.decode(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
         q, c, s, w = out.split(1, dim=1)  # 4 x (B, 1, H, W)
         return {
             "quality": q if self.quality_logits else q.sigmoid(),
@@ -370,16 +375,20 @@ _CLASSIFIERS = {
     "hybrid_test": dict(
         img_size=32, stem_chs=(8, 16, 16), stem_depths=(0, 1, 1), embed_dim=32, num_heads=2
     ),
-    # 28 -> 14 -> 7: 49 tokens, small enough to train on 2 CPU cores in minutes
+    # 28 -> 14 -> 7: 49 tokens; the conv stem does most of the work (more conv blocks beat a
+    # wider Transformer here). 10 epochs on the 8k digits (AdamW 2e-3, cosine, batch 128,
+    # small random affine, label smoothing 0.1) reach 98.7% val (2 seeds), at ~30 s an epoch
+    # on one thread of a busy 2-core box.
     "hybrid_mnist": dict(
         img_size=28,
         in_chans=1,
         num_classes=10,
         stem_chs=(16, 32, 64),
-        stem_depths=(0, 1, 1),
-        embed_dim=128,
+        stem_depths=(1, 2, 2),
+        embed_dim=96,
         depth=2,
-        num_heads=4,
+        num_heads=3,
+        drop_path_rate=0.1,
     ),
     # 224 -> 14x14 tokens, ~5 M parameters
     "hybrid_small": dict(
