@@ -21,7 +21,7 @@ from .drop import DropPath, LayerScale
 from .mlp import Mlp
 from .norm import LayerNorm
 
-__all__ = ["NORM_PLACEMENTS", "Block", "run_blocks"]
+__all__ = ["NORM_PLACEMENTS", "Block", "block_stack", "run_blocks"]
 
 NORM_PLACEMENTS = ("pre", "post", "residual")
 
@@ -111,6 +111,12 @@ class Block(nn.Module):
         x, dual = self.norm1(x + a), dual + a
         m = self._branch2(x)
         return self.norm2(x + m), dual + m
+
+
+def block_stack(depth: int, drop_path_rate: float = 0.0, **block_kw: Any) -> nn.ModuleList:
+    """``depth`` Blocks with stochastic depth rising linearly from 0 to ``drop_path_rate``."""
+    dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+    return nn.ModuleList(Block(drop_path=dpr[i], **block_kw) for i in range(depth))
 
 
 def run_blocks(

@@ -22,8 +22,8 @@ from torch import nn
 
 from ..layers import (
     NORM_PLACEMENTS,
-    Block,
     LayerNorm,
+    block_stack,
     check_image,
     rope_2d,
     run_blocks,
@@ -136,20 +136,17 @@ class HybridTrunk(nn.Module):
             for i, (c, d) in enumerate(zip(chs, cfg.stem_depths))
         )
         self.proj = nn.Conv2d(chs[-1], D, 1)  # stem width -> token width
-        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth decay
-        self.blocks = nn.ModuleList(
-            Block(
-                D,
-                cfg.num_heads,
-                cfg.mlp_ratio,
-                qkv_bias=cfg.qkv_bias,
-                proj_drop=cfg.proj_drop_rate,
-                attn_drop=cfg.attn_drop_rate,
-                drop_path=dpr[i],
-                norm_layer=LayerNorm,
-                norm_place=cfg.norm_place,
-            )
-            for i in range(cfg.depth)
+        self.blocks = block_stack(
+            cfg.depth,
+            cfg.drop_path_rate,
+            dim=D,
+            num_heads=cfg.num_heads,
+            mlp_ratio=cfg.mlp_ratio,
+            qkv_bias=cfg.qkv_bias,
+            proj_drop=cfg.proj_drop_rate,
+            attn_drop=cfg.attn_drop_rate,
+            norm_layer=LayerNorm,
+            norm_place=cfg.norm_place,
         )
         # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream
         self.norm = LayerNorm(D) if cfg.norm_place != "post" else nn.Identity()

@@ -16,8 +16,8 @@ from torch import nn
 
 from ..layers import (
     NORM_PLACEMENTS,
-    Block,
     PatchEmbed,
+    block_stack,
     check_image,
     get_mlp_layer,
     get_norm_layer,
@@ -87,23 +87,20 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.drop_rate)
-        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()  # stochastic depth decay
-        self.blocks = nn.ModuleList(
-            Block(
-                D,
-                cfg.num_heads,
-                cfg.mlp_ratio,
-                qkv_bias=cfg.qkv_bias,
-                qk_norm=cfg.qk_norm,
-                proj_drop=cfg.proj_drop_rate,
-                attn_drop=cfg.attn_drop_rate,
-                drop_path=dpr[i],
-                init_values=cfg.init_values or None,
-                norm_layer=norm,
-                mlp_layer=get_mlp_layer(cfg.mlp_layer),
-                norm_place=cfg.norm_place,
-            )
-            for i in range(cfg.depth)
+        self.blocks = block_stack(
+            cfg.depth,
+            cfg.drop_path_rate,
+            dim=D,
+            num_heads=cfg.num_heads,
+            mlp_ratio=cfg.mlp_ratio,
+            qkv_bias=cfg.qkv_bias,
+            qk_norm=cfg.qk_norm,
+            proj_drop=cfg.proj_drop_rate,
+            attn_drop=cfg.attn_drop_rate,
+            init_values=cfg.init_values or None,
+            norm_layer=norm,
+            mlp_layer=get_mlp_layer(cfg.mlp_layer),
+            norm_place=cfg.norm_place,
         )
         # timm: with average pooling the final norm moves after pooling (fc_norm).
         # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream.
@@ -233,8 +230,16 @@ _SIZES = {
     ),
     # the embedded-MNIST recipe (configs/cls/vit_mnist.yaml): 16 tokens, mean-pooled
     "vit_mnist": dict(
-        img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=128, depth=6,
-        num_heads=4, mlp_ratio=2.0, class_token=False, global_pool="avg",
+        img_size=28,
+        patch_size=7,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=128,
+        depth=6,
+        num_heads=4,
+        mlp_ratio=2.0,
+        class_token=False,
+        global_pool="avg",
     ),
 }
 for _name, _kw in _SIZES.items():
