@@ -129,8 +129,9 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
     progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
     result = benchmark_checkpoint(args.checkpoint, opts, args.keep_exports, log=progress)
+    paths = write_tables(result, out)  # files first: a closed stdout must not lose them
     print(markdown_table(result))
-    for path in write_tables(result, out):
+    for path in paths:
         print(f"wrote {path}")
 
 

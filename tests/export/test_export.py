@@ -236,12 +236,16 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert "exists; pass --overwrite" in err
 
 
-@pytest.mark.parametrize("case", ["opset", "calib", "exists", "unknown_model"])
+@pytest.mark.parametrize("case", ["opset", "calib", "exists", "unknown_model", "stale_weights"])
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) -> None:
     unknown = "vit_giant_imaginary"
     ckpt = cls_checkpoint(
         tmp_path, "vit_mnist", model_name=unknown if case == "unknown_model" else None
     )
+    if case == "stale_weights":  # the registered size changed after training
+        saved = torch.load(ckpt, weights_only=True)
+        saved["config"]["model"]["kwargs"]["embed_dim"] = 32
+        atomic_save(saved, ckpt)
     taken = tmp_path / "taken.onnx"
     taken.write_text("keep me")
     extra, message = {
@@ -252,6 +256,7 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) ->
         ),
         "exists": (["--out", taken], f"{taken} exists; pass --overwrite"),
         "unknown_model": ([], f"unknown model name {unknown!r}"),
+        "stale_weights": ([], "the weights do not fit the registered 'vit_mnist' (size mismatch"),
     }[case]
     assert message in fail(capsys, "export", "--checkpoint", ckpt, *extra)
     assert taken.read_text() == "keep me"

@@ -203,7 +203,8 @@ def _quantise(
     calib = None
     if "static" in opts.int8:
         calib = resize(calibration_images(source, opts.calib_data, opts.calib_size), size)
-    batches = [(resize(b[0], size), *b[1:]) for b in source.batches("val", 64, opts.val_images)]
+    bs = 64 if "batch" in parse_dynamic(opts.dynamic) else 1
+    batches = [(resize(b[0], size), *b[1:]) for b in source.batches("val", bs, opts.val_images)]
     ref = source.evaluate(source.torch_runner(), batches)
     results = {}
     for mode in opts.int8:

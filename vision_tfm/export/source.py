@@ -244,9 +244,17 @@ def load_source(path: str | os.PathLike, use_ema: bool = False) -> ExportSource:
     except ValueError as e:
         raise ValueError(f"{path}: checkpoint of an {e}") from None
     meta["model_name"] = name
-    if task == "cls":
-        model, cfg = restore_cls_model(ckpt, use_ema=use_ema)
-    else:
-        model, cfg = restore_grasp_model(ckpt)
+    try:
+        if task == "cls":
+            model, cfg = restore_cls_model(ckpt, use_ema=use_ema)
+        else:
+            model, cfg = restore_grasp_model(ckpt)
+    except RuntimeError as e:  # load_state_dict: "Error(s) in loading ...\n\tsize mismatch ..."
+        lines = [ln.strip() for ln in str(e).strip().splitlines()]
+        raise ValueError(
+            f"{path}: the weights do not fit the registered {name!r} "
+            f"({lines[1] if len(lines) > 1 else lines[0]}); has its config changed since training?"
+        ) from None
+    if task == "grasp":
         meta.setdefault("img_size", cfg.data.output_size)
     return ExportSource(path, model.eval(), cfg, meta)

@@ -365,8 +365,8 @@ _SIZES = {
     # the embedded-MNIST recipe (configs/cls/swin_mnist.yaml): digits resized to 32, 8x8 tokens
     # in four shifted 4x4 windows, then patch merging to one 4x4 window
     "swin_mnist": dict(
-        img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=96, depths=(2, 4),
-        num_heads=(3, 6), window_size=4, mlp_ratio=2.0,
+        img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depths=(2, 4),
+        num_heads=(2, 4), window_size=4, mlp_ratio=2.0,
     ),
 }
 for _name, _kw in _SIZES.items():
