@@ -18,7 +18,13 @@ from vision_tfm.train.grasp import GraspConfig, build_grasp_model
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = {
     "vit_mnist": {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 7},
-    "swin_mnist": {"embed_dim": 8, "depths": [2], "num_heads": [1], "window_size": 7},
+    "swin_mnist": {
+        "embed_dim": 8,
+        "depths": [2],
+        "num_heads": [1],
+        "window_size": 4,
+        "patch_size": 4,
+    },
     "grasp_hybrid_t": {
         "stem_chs": [8, 8],
         "stem_depths": [0, 1],
