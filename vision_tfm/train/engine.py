@@ -122,18 +122,15 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def _reseed_transforms(ds: Dataset, seed: int) -> None:
-    """Restart any augmentation pipeline that keeps its own RNG (albumentations does)."""
-    seen = 0
-    while ds is not None and seen < 4:  # unwrap Subset chains
-        tf = getattr(ds, "transform", None)
-        if tf is not None and hasattr(tf, "reseed"):
-            tf.reseed(seed)
-        for attr in ("augment",):
-            aug = getattr(ds, attr, None)
-            if aug is not None and hasattr(aug, "reseed"):
+    """Restart augmentation pipelines that keep their own RNG (albumentations does).
+
+    Looks at ``transform`` (classification) and ``augment`` (grasp), through Subset wrappers.
+    """
+    while ds is not None:
+        for aug in (getattr(ds, "transform", None), getattr(ds, "augment", None)):
+            if hasattr(aug, "reseed"):
                 aug.reseed(seed)
         ds = getattr(ds, "dataset", None)
-        seen += 1
 
 
 class Trainer:
