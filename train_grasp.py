@@ -2,7 +2,7 @@
 
 python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_s
 python train_grasp.py --data /data/jacquard --dataset jacquard --input rgbd
-python train_grasp.py --config configs/grasp/cornell_s.yaml data.split=object
+python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_t data.split=object
 """
 
 from pathlib import Path

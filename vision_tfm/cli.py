@@ -12,7 +12,7 @@ import torch
 __all__ = ["main"]
 
 
-def _load_cls(ckpt_path: str, ema: bool):
+def _load_cls(ckpt_path: str, ema: bool | None):
     from .train.checkpoint import load_checkpoint
     from .train.classification import eval_data_config, restore_cls_model
 
@@ -59,7 +59,7 @@ def cmd_grasp(args: argparse.Namespace) -> None:
     out = Path(args.out or Path(args.image).with_suffix("").name + "_grasps.png")
     if out.exists() and not args.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
-    grasps, image = predict_grasps(args.checkpoint, args.image, args.depth, args.top)
+    grasps, image = predict_grasps(args.checkpoint, args.image, args.depth, args.top, args.ema)
     print(f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}")
     for g in grasps:
         print(
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("image")
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
-    pr.add_argument("--ema", action="store_true", help="use the EMA weights if present")
+    _add_ema(pr)
     pr.set_defaults(fn=cmd_predict)
     at = sub.add_parser("attention", help="ViT attention-rollout heat map as a PNG")
     at.add_argument("image")
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--out", help="PNG path (default: <image>_attention.png)")
     at.add_argument("--discard-ratio", type=float, default=0.0)
     at.add_argument("--overwrite", action="store_true")
-    at.add_argument("--ema", action="store_true")
+    _add_ema(at)
     at.set_defaults(fn=cmd_attention)
     gr = sub.add_parser("grasp", help="top grasps (x, y, angle, opening, jaw) + overlay PNG")
     gr.add_argument("image")
@@ -159,10 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--top", type=int, default=5, help="number of grasps")
     gr.add_argument("--out", help="PNG path (default: <image>_grasps.png)")
     gr.add_argument("--overwrite", action="store_true")
+    _add_ema(gr)
     gr.set_defaults(fn=cmd_grasp)
     _add_export(sub)
     _add_benchmark(sub)
     return p
+
+
+def _add_ema(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ema",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="use the EMA (or, with --no-ema, the raw) weights; default: what the run shipped",
+    )
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -181,7 +191,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--parity-images", type=int, default=16, help="val images per parity check")
     ex.add_argument("--val-images", type=int, default=0, help="int8 scoring images (0 = all)")
     ex.add_argument("--overwrite", action="store_true")
-    ex.add_argument("--ema", action="store_true")
+    _add_ema(ex)
     ex.set_defaults(fn=cmd_export)
 
 
@@ -207,7 +217,7 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm.add_argument("--calib-size", type=int)
     bm.add_argument("--keep-exports", help="keep the exported files in this folder")
     bm.add_argument("--overwrite", action="store_true")
-    bm.add_argument("--ema", action="store_true")
+    _add_ema(bm)
     bm.set_defaults(fn=cmd_benchmark)
 
 

@@ -20,8 +20,8 @@ TINY = {
     "vit_mnist": {"embed_dim": 16, "depth": 1, "num_heads": 2, "patch_size": 7},
     "swin_mnist": {
         "embed_dim": 8,
-        "depths": [2],
-        "num_heads": [1],
+        "depths": [2, 2],
+        "num_heads": [1, 1],
         "window_size": 4,
         "patch_size": 4,
     },
@@ -151,16 +151,30 @@ def test_exported_model_runs_at_a_new_size_on_real_digits(vit_export: Path) -> N
     assert max_abs_diff(ours, src.torch_runner()(x)) <= 1e-4
 
 
-def test_swin_exports_with_window_attention_on_the_explicit_path(tmp_path: Path) -> None:
-    ckpt = cls_checkpoint(tmp_path, "swin_mnist")
-    vtfm("export", "--checkpoint", ckpt, "--out", tmp_path / "swin.onnx")
-    meta = json.loads((tmp_path / "swin.json").read_text())
-    assert meta["parity"]["ok"] and meta["input_shape"] == ["batch", 1, 28, 28]
-    assert meta["attention"] == "explicit"  # SDPA's exporter takes only 4-D q/k/v
-    from vision_tfm.export import load_source
+def test_swin_exports_with_dynamic_hw_and_window_attention_on_the_explicit_path(
+    tmp_path: Path,
+) -> None:
+    """One graph for every size: padding, shift choice and mask are computed inside it.
 
+    At 28x28 the second stage is a single 4x4 window (no shift); at the wider parity sizes
+    it is shifted, so a graph that baked in either choice fails the check.
+    """
+    from vision_tfm.export import load_source
+    from vision_tfm.export.onnx import ort_runner, ort_session, resize
+    from vision_tfm.export.source import max_abs_diff
+
+    ckpt = cls_checkpoint(tmp_path, "swin_mnist")
+    vtfm("export", "--checkpoint", ckpt, "--out", tmp_path / "swin.onnx", "--dynamic", "batch,hw")
+    meta = json.loads((tmp_path / "swin.json").read_text())
+    assert meta["parity"]["ok"] and meta["input_shape"] == ["batch", 1, "height", "width"]
+    assert meta["attention"] == "explicit"  # SDPA's exporter takes only 4-D q/k/v
     src = load_source(ckpt)
     assert all(m.fused for m in src.model.modules() if hasattr(m, "fused"))  # flags restored
+    run = ort_runner(ort_session(tmp_path / "swin.onnx"))
+    digits = src.batches("val", 3, limit=3)[0][0]
+    for size in [(16, 16), (37, 52), (64, 33)]:
+        x = resize(digits, size)
+        assert max_abs_diff(run(x), src.torch_runner()(x)) <= 1e-4, size
 
 
 def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:

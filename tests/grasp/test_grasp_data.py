@@ -236,6 +236,37 @@ def test_build_grasp_datasets() -> None:
     assert set(train.ids).isdisjoint(val.ids)
 
 
+def test_repeat_serves_each_training_view_several_times_freshly_augmented() -> None:
+    train, val, _ = build_grasp_datasets(
+        "cornell", CORNELL, train_frac=0.67, input="rgb", repeat=3, output_size=64
+    )
+    assert (len(train), len(val)) == (6, 1) and train.ids == train.ids[:2]
+    a, _, ra = train[0]
+    b, _, rb = train[2]  # same view, second pass
+    assert ra.shape == rb.shape and not torch.equal(a, b)
+    with pytest.raises(IndexError, match="out of range"):
+        train[6]
+    with pytest.raises(ValueError, match="repeat must be >= 1"):
+        CornellGrasp(CORNELL, repeat=0)
+
+
+def test_cached_views_match_decoding_and_stay_unchanged_under_augmentation() -> None:
+    plain = CornellGrasp(CORNELL, input="rgbd", output_size=64)
+    cached = CornellGrasp(CORNELL, input="rgbd", output_size=64, cache=True)
+    for _ in range(2):  # the second pass is served from the cache
+        for i in range(len(plain)):
+            (x, maps, rects), (xc, mapsc, rectsc) = plain[i], cached[i]
+            assert torch.equal(x, xc) and np.array_equal(rects, rectsc)
+            assert all(torch.equal(maps[k], mapsc[k]) for k in MAP_KEYS)
+    cached.augment = GraspAugment(seed=0)
+    before = [tuple(None if a is None else a.copy() for a in v) for v in cached.cache.values()]
+    for i in range(len(cached)):
+        cached[i]
+    after = list(cached.cache.values())
+    for b, a in zip(before, after):
+        assert all(np.array_equal(u, v) for u, v in zip(b, a))  # augmentation never writes back
+
+
 # --- Augmentation -------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import torch
 from vision_tfm.config import apply_overrides
 from vision_tfm.train import ClassificationTask, ClsConfig, NonFiniteLossError, Trainer
 from vision_tfm.train.checkpoint import atomic_save, load_checkpoint
+from vision_tfm.train.classification import restore_cls_model
 from vision_tfm.train.engine import make_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,16 @@ def test_checkpoint_contents_and_outputs(tmp_path, capsys):
     assert {"model", "optimizer", "scheduler", "ema", "scaler", "rng", "config", "meta"} <= set(ck)
     assert ck["meta"]["class_names"] == [str(i) for i in range(10)]
     assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0 and "ema_top1" in metrics
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"val top1: {metrics['top1']:.4f}"
+    # with EMA on, the EMA is the shipped model: its figure is printed and its weights load
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert out == f"val top1: {metrics['ema_top1']:.4f}"
+    assert ck["meta"]["weights"] == "ema" and ck["state"]["best"] == metrics["ema_top1"]
+    ema = {k.removeprefix("module."): v for k, v in ck["ema"].items()}
+    for use_ema, expect in ((None, ema), (True, ema), (False, ck["model"])):
+        model, _ = restore_cls_model(ck, use_ema=use_ema)
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, expect[k]), (use_ema, k)
+    assert any(not torch.equal(ema[k], ck["model"][k]) for k in ema)  # they do differ
 
 
 class _NanTask(ClassificationTask):

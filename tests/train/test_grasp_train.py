@@ -129,3 +129,54 @@ def test_vtfm_grasp_cli(trained, tmp_path):
     assert 2 <= len(lines) <= 4 and png.stat().st_size > 1000
     r = subprocess.run(args, capture_output=True, text=True, timeout=120)  # refuses to overwrite
     assert r.returncode == 2 and "exists; pass --overwrite" in r.stderr
+
+
+def test_quality_bce_on_probabilities_matches_the_logits_form():
+    import torch
+    import torch.nn.functional as F
+
+    from vision_tfm.train.grasp import _bce
+
+    z = torch.randn(2, 1, 8, 8) * 3
+    y = (torch.rand(2, 1, 8, 8) > 0.8).float()
+    torch.testing.assert_close(_bce(z.sigmoid(), y), F.binary_cross_entropy_with_logits(z, y))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "msg"),
+    [("loss.maps", "l1", "loss.maps must be one of"), ("loss.quality", "focal", "loss.quality")],
+)
+def test_unknown_loss_names_are_one_line_errors(key, value, msg):
+    cfg = apply_overrides(GraspConfig(), {key: value})
+    with pytest.raises(ValueError, match=msg) as e:
+        GraspTask(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_graspable_geometry_loss_reads_only_graspable_pixels():
+    import torch
+
+    q = torch.zeros(1, 1, 8, 8)
+    q[..., 2:4, 2:4] = 1
+    target = {"quality": q, "cos": q * 0.5, "sin": q * 0.2, "width": q * 0.3}
+
+    def model_with_background(value):
+        def model(x):
+            out = {k: v.clone() for k, v in target.items()}
+            for k in ("cos", "sin", "width"):
+                out[k][q == 0] = value  # differs only where nothing is graspable
+            out["quality"] = q * 0.9 + 0.05
+            return out
+
+        return model
+
+    batch = (torch.zeros(1, 4, 8, 8), target, None)
+    losses = {}
+    for geometry in ("graspable", "all"):
+        task = GraspTask(apply_overrides(GraspConfig(), {"loss.geometry": geometry}))
+        losses[geometry] = [
+            task.loss(model_with_background(v), batch, torch.device("cpu"))[0].item()
+            for v in (0.0, 0.7)
+        ]
+    assert losses["graspable"][0] == pytest.approx(losses["graspable"][1])
+    assert losses["all"][1] > losses["all"][0] + 1e-3

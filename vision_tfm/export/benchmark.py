@@ -78,7 +78,7 @@ class BenchOptions:
     calib_size: int = 256
     ceiling_size: int = 2048  # side of the square matmul that measures the machine's peak
     ceiling_seconds: float = 1.0  # time spent on that matmul per dtype
-    ema: bool = False
+    ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchOptions:

@@ -1,15 +1,12 @@
 """ONNX export through ``torch.onnx.export(dynamo=True)`` and its parity check.
 
-Export traces with ``torch.export``, so Python branches on the input size are decided once,
-at the trace size, and the ONNX graph is only right for sizes that take the same branches.
-Two consequences shape this module:
-
-* A dynamic-H/W export traces at a size that is neither the training size nor a multiple
-  of the model's stride. "Pad if needed" branches are then recorded with symbolic (possibly
-  zero) padding, and ViT records its position-table resampling instead of the "same grid,
-  return the table" shortcut; the resampling is exact at the training grid.
-* Every export is checked against PyTorch on real val images at several sizes; a graph that
-  was specialised to its trace size fails that check instead of shipping.
+Export traces with ``torch.export``, so a Python branch on the input size would be decided
+once, at the trace size, and baked into the graph. The models therefore take their
+size-dependent steps unconditionally when sizes are symbolic (``layers.symbolic``): patch and
+window padding (possibly by zero), ViT's position-table resampling (exact at the training
+grid), and Swin's shift choice, roll and mask, which are computed inside the graph. One
+dynamic-H/W graph then serves every size. Every export is still checked against PyTorch on
+real val images at several sizes, so a graph specialised by mistake fails instead of shipping.
 
 The fused attention op (SDPA) exports only with 4-D ``(B, heads, N, d)`` inputs. Layers that
 attend over windows (Swin's ``(B, nW, heads, N, d)``) are switched to the attention layer's
@@ -305,18 +302,6 @@ def hw_sizes(size: tuple[int, int]) -> list[tuple[int, int]]:
     """Parity sizes for a dynamic-H/W export: the base, a wider one, and an odd taller one."""
     H, W = size
     return [(H, W), (H, W + W // 2), (H + H // 2 + 1, W + 1)]
-
-
-def trace_size(size: tuple[int, int], stride: int, dynamic: frozenset[str]) -> tuple[int, int]:
-    """Where to trace: the export size, or for dynamic H/W a size off every grid.
-
-    Not a multiple of the stride, so "pad if needed" branches are recorded with symbolic
-    (possibly zero) padding, and not the training grid, so ViT records its position-table
-    resampling (exact at the training grid) rather than the same-grid shortcut.
-    """
-    if "hw" not in dynamic:
-        return size
-    return (size[0] + 1, size[1] + stride + 1)
 
 
 def parity_inputs(

@@ -29,7 +29,6 @@ from .onnx import (
     resize,
     size_mb,
     staging_dir,
-    trace_size,
 )
 from .quantize import INT8_MODES, calibration_images, quantize_int8
 from .source import ExportSource, load_source
@@ -53,7 +52,7 @@ class ExportOptions:
     parity_images: int = 16
     val_images: int = 0  # images scoring int8 against fp32; 0 = the whole val split
     overwrite: bool = False
-    ema: bool = False
+    ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
 
 
 def int8_path(fp32: Path, mode: str) -> Path:
@@ -122,7 +121,7 @@ def export_checkpoint(
         raise ValueError("grasp maps are scored at the training size; drop --img-size for int8")
     model = source.model
     inputs = parity_inputs(source, size, dynamic, opts.parity_images)
-    example = resize(inputs[0][:2], trace_size(size, source.stride, dynamic))
+    example = resize(inputs[0][:2], size)
 
     with staging_dir(out.parent) as tmp:
         fp32 = tmp / out.name

@@ -122,11 +122,14 @@ def quantize_int8(
         if mode == "dynamic":
             # MatMul only: onnxruntime's dynamic ConvInteger is slower than its fp32 Conv (the
             # hybrid's conv stem made the whole model 2x slower), and it has no dynamic Gemm.
+            # Weight MatMuls only: attention's q@k and attn@v would quantise two activations
+            # per call, which costs more than their small products save.
             quantize_dynamic(
                 str(pre),
                 str(out_path),
                 weight_type=QuantType.QInt8,
                 op_types_to_quantize=list(DYNAMIC_OPS),
+                extra_options={"MatMulConstBOnly": True},
             )
         else:
             # u8 activations x s8 weights is the fast VNNI path on x86 CPUs. Only the

@@ -220,7 +220,7 @@ def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
     return train, val
 
 
-def load_source(path: str | os.PathLike, use_ema: bool = False) -> ExportSource:
+def load_source(path: str | os.PathLike, use_ema: bool | None = None) -> ExportSource:
     """Restore a classification or grasp checkpoint for export.
 
     Raises:
@@ -248,7 +248,7 @@ def load_source(path: str | os.PathLike, use_ema: bool = False) -> ExportSource:
         if task == "cls":
             model, cfg = restore_cls_model(ckpt, use_ema=use_ema)
         else:
-            model, cfg = restore_grasp_model(ckpt)
+            model, cfg = restore_grasp_model(ckpt, use_ema=use_ema)
     except RuntimeError as e:  # load_state_dict: "Error(s) in loading ...\n\tsize mismatch ..."
         lines = [ln.strip() for ln in str(e).strip().splitlines()]
         raise ValueError(

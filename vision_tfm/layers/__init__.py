@@ -5,7 +5,7 @@ from .block import NORM_PLACEMENTS, Block, block_stack, run_blocks
 from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
-from .patch_embed import PatchEmbed, check_image
+from .patch_embed import PatchEmbed, check_image, symbolic
 from .pos_embed import (
     apply_rope,
     relative_position_bias,
@@ -42,4 +42,5 @@ __all__ = [
     "run_blocks",
     "set_fused_attn",
     "sincos_2d",
+    "symbolic",
 ]

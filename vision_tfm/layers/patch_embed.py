@@ -9,6 +9,16 @@ from torch import nn
 __all__ = ["PatchEmbed", "check_image"]
 
 
+def symbolic(*sizes: int) -> bool:
+    """Whether any size is symbolic (a dynamic-shape ``torch.export`` trace).
+
+    Size-dependent steps then run unconditionally (padding by a possibly zero amount), so no
+    Python branch on a traced size is baked into the graph; with concrete sizes they are
+    skipped when they would do nothing.
+    """
+    return any(isinstance(s, torch.SymInt) for s in sizes)
+
+
 def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str) -> None:
     """Fail early, in one line, on inputs that would otherwise die deep inside a reshape."""
     if not isinstance(x, torch.Tensor):
@@ -61,12 +71,13 @@ class PatchEmbed(nn.Module):
     def grid_size(self, h: int, w: int) -> tuple[int, int]:
         """Token grid for an ``h x w`` image (after padding up to whole patches)."""
         p = self.patch_size
-        return -(-h // p), -(-w // p)
+        return (h + p - 1) // p, (w + p - 1) // p  # ceil; ONNX integer Div truncates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.patch_size
         h, w = x.shape[-2:]
-        if h % p or w % p:
-            x = F.pad(x, (0, (p - w % p) % p, 0, (p - h % p) % p))
+        gh, gw = self.grid_size(h, w)
+        p = self.patch_size
+        if symbolic(h, w) or (gh * p, gw * p) != (h, w):
+            x = F.pad(x, (0, gw * p - w, 0, gh * p - h))
         x = self.proj(x).permute(0, 2, 3, 1)  # (B, H/p, W/p, D)
         return self.norm(x)

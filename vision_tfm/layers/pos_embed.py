@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .patch_embed import symbolic
+
 __all__ = [
     "apply_rope",
     "relative_position_bias",
@@ -36,8 +38,8 @@ def resample_abs_pos_embed(
         old_size = (side, side)
     if old_size[0] * old_size[1] != n:
         raise ValueError(f"grid {old_size} does not hold the {n} position embeddings given")
-    if tuple(new_size) == tuple(old_size):
-        return pos_embed
+    if not symbolic(*new_size) and tuple(new_size) == tuple(old_size):
+        return pos_embed  # (symbolic sizes always resample: exact at the same grid too)
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dtype = grid.dtype
     grid = grid.reshape(1, old_size[0], old_size[1], -1).permute(0, 3, 1, 2).float()  # (1,D,H,W)

@@ -28,6 +28,7 @@ from ..layers import (
     rope_2d,
     run_blocks,
     sincos_2d,
+    symbolic,
 )
 from ._common import init_weights, select_indices
 from .registry import register_model
@@ -296,7 +297,6 @@ class GraspHybridConfig(HybridTrunkConfig):
 
     in_chans: int = 4
     dec_depth: int = 1  # depthwise-residual blocks per decoder level
-    quality_logits: bool = False  # True: raw quality logits (BCE-with-logits); else sigmoid
 
 
 class UpStage(nn.Module):
@@ -319,8 +319,7 @@ class GraspHybrid(_HybridModel):
     """Trunk plus a U-Net decoder: ``forward`` returns full-resolution grasp maps.
 
     Output dict, each map ``(B, 1, H, W)`` at the input size:
-        quality: grasp success probability in [0, 1] (sigmoid), or logits when
-            ``cfg.quality_logits``.
+        quality: grasp success probability in [0, 1] (sigmoid).
         cos, sin: ``cos 2θ`` and ``sin 2θ`` in [-1, 1] (tanh).
         width: ``opening / WIDTH_SCALE`` in [0, 1] (sigmoid; see ``vision_tfm.grasp.maps``).
 
@@ -336,7 +335,6 @@ class GraspHybrid(_HybridModel):
             UpStage(widths[i], widths[i + 1], cfg.dec_depth) for i in range(len(chs) - 1)
         )
         self.head = nn.Conv2d(chs[0], len(GRASP_KEYS), 1)
-        self.quality_logits = cfg.quality_logits
         self._init_weights()
 
     def decode(self, x: torch.Tensor, skips: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -349,21 +347,18 @@ class GraspHybrid(_HybridModel):
         self._check(x)
         H, W = x.shape[-2:]
         r = self.trunk.reduction
-        pad_h, pad_w = -H % r, -W % r
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
+        Hp, Wp = (H + r - 1) // r * r, (W + r - 1) // r * r
+        if symbolic(H, W) or (Hp, Wp) != (H, W):
+            x = F.pad(x, (0, Wp - W, 0, Hp - H))
         tokens, feats = self.trunk(x)
         out = self.decode(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
         q, c, s, w = out.split(1, dim=1)  # 4 x (B, 1, H, W)
         return {
-            "quality": q if self.quality_logits else q.sigmoid(),
+            "quality": q.sigmoid(),
             "cos": c.tanh(),
             "sin": s.tanh(),
             "width": w.sigmoid(),
         }
-
-    def extra_repr(self) -> str:
-        return f"quality={'logits' if self.quality_logits else 'sigmoid'}"
 
 
 # --- registered sizes -------------------------------------------------------------------

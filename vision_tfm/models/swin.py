@@ -28,6 +28,7 @@ from ..layers import (
     check_image,
     relative_position_bias,
     relative_position_index,
+    symbolic,
 )
 from ._common import init_weights, select_indices
 from .registry import register_model
@@ -51,23 +52,40 @@ def window_reverse(windows: torch.Tensor, ws: int, H: int, W: int) -> torch.Tens
     return x.permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C)
 
 
-def shifted_window_mask(H: int, W: int, ws: int, shift: tuple[int, int]) -> torch.Tensor:
-    """``(nW, 1, N, N)`` additive mask keeping attention inside each pre-shift region."""
-    img = torch.zeros(1, H, W, 1)
-    cnt = 0
-    for hs in _regions(H, ws, shift[0]):
-        for wsl in _regions(W, ws, shift[1]):
-            img[:, hs, wsl, :] = cnt
-            cnt += 1
-    ids = window_partition(img, ws).squeeze(-1).squeeze(0)  # (nW, N)
+def shifted_window_mask(
+    H: int, W: int, ws: int, shift: tuple[int, int], device: torch.device | None = None
+) -> torch.Tensor:
+    """``(nW, 1, N, N)`` additive mask keeping attention inside each pre-shift region.
+
+    Regions come from comparisons rather than slicing, so sizes and shifts may be symbolic
+    (a dynamic-shape export builds the mask inside the graph). With shift 0 the only region
+    boundary falls between windows, so the mask is all zero.
+    """
+
+    def regions(n: int, s: int) -> torch.Tensor:  # 0, 1, 2: before, inside, past the shift
+        i = torch.arange(n, device=device)
+        return (i >= n - ws).long() + (i >= n - s).long()
+
+    ids = regions(H, shift[0])[:, None] * 3 + regions(W, shift[1])[None, :]  # (H, W)
+    ids = window_partition(ids[None, :, :, None], ws)[0, :, :, 0]  # (nW, N)
     diff = ids[:, None, :] != ids[:, :, None]  # (nW, N, N)
-    return torch.zeros(diff.shape).masked_fill_(diff, MASK_VALUE).unsqueeze(1)  # (nW, 1, N, N)
+    return torch.where(diff, MASK_VALUE, 0.0).unsqueeze(1)  # (nW, 1, N, N)
 
 
-def _regions(n: int, ws: int, shift: int) -> list[slice]:
-    if shift == 0:
-        return [slice(0, n)]
-    return [slice(0, n - ws), slice(n - ws, n - shift), slice(n - shift, n)]
+def gather_roll(
+    x: torch.Tensor, shift: tuple[int, int], sign: int, size: tuple[int, int]
+) -> torch.Tensor:
+    """Roll ``(B, H, W, C)`` by ``sign * shift`` over H and W and keep the first ``size``.
+
+    One index gather per axis does roll and crop at once; unlike ``torch.roll`` and slicing,
+    it exports with symbolic sizes and shifts and leaves no strided view behind.
+    """
+    for dim, s, keep in ((1, shift[0], size[0]), (2, shift[1], size[1])):
+        n = x.shape[dim]
+        idx = torch.arange(keep, device=x.device) - sign * s  # out[i] = x[(i - sign*s) mod n]
+        idx = torch.where(idx < 0, idx + n, torch.where(idx >= n, idx - n, idx))
+        x = x.index_select(dim, idx)
+    return x
 
 
 class WindowAttention(Attention):
@@ -119,10 +137,10 @@ class SwinBlock(Block):
     def _mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             # never cache tensors made while tracing (they may be fake or symbolic)
-            return shifted_window_mask(Hp, Wp, self.window_size, shift).to(device)
+            return shifted_window_mask(Hp, Wp, self.window_size, shift, device)
         key = (Hp, Wp, shift, device)
         if key not in self._mask_cache:
-            self._mask_cache[key] = shifted_window_mask(Hp, Wp, self.window_size, shift).to(device)
+            self._mask_cache[key] = shifted_window_mask(Hp, Wp, self.window_size, shift, device)
         return self._mask_cache[key]
 
     def _bias(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -131,7 +149,7 @@ class SwinBlock(Block):
         With a frozen bias (inference fast path) the sum is cached per input size.
         """
         bias = self.attn.rel_bias()
-        if not any(shift):
+        if not symbolic(Hp, Wp) and not any(shift):
             return bias
         frozen = self.attn.frozen_bias is not None
         if frozen and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
@@ -139,26 +157,34 @@ class SwinBlock(Block):
             if key not in self._mask_cache:
                 self._mask_cache[key] = bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
             return self._mask_cache[key]
-        return bias + self._mask(Hp, Wp, shift, device)
+        return bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
 
     def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:
         _, H, W, _ = x.shape
         ws = self.window_size
-        pad_h, pad_w = (ws - H % ws) % ws, (ws - W % ws) % ws
-        if pad_h or pad_w:
-            x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-        Hp, Wp = H + pad_h, W + pad_w
+        Hp, Wp = (H + ws - 1) // ws * ws, (W + ws - 1) // ws * ws  # padded to whole windows
         # a window covering the whole (padded) dim needs no shift
-        shift = (self.shift_size if ws < Hp else 0, self.shift_size if ws < Wp else 0)
-        if any(shift):
-            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+        shift = (
+            torch.sym_ite(ws < Hp, self.shift_size, 0),
+            torch.sym_ite(ws < Wp, self.shift_size, 0),
+        )
+        # Symbolic sizes (dynamic-H/W export): pad, roll and mask unconditionally, the shift
+        # chosen inside the graph, so one graph serves every input size.
+        traced = symbolic(H, W)
+        if traced:
+            x = gather_roll(F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)), shift, -1, (Hp, Wp))
+        else:
+            padded = (Hp, Wp) != (H, W)
+            x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)) if padded else x
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2)) if any(shift) else x
         bias = self._bias(Hp, Wp, shift, x.device)  # (heads, N, N) or (nW, heads, N, N)
         windows = window_partition(x, ws)  # (B, nW, N, C)
         windows = self.attn(windows, bias=bias)  # (B, nW, N, C)
         x = window_reverse(windows, ws, Hp, Wp)  # (B, Hp, Wp, C)
-        if any(shift):
-            x = torch.roll(x, shifts=shift, dims=(1, 2))
-        return x[:, :H, :W, :] if pad_h or pad_w else x
+        if traced:
+            return gather_roll(x, shift, 1, (H, W))
+        x = torch.roll(x, shifts=shift, dims=(1, 2)) if any(shift) else x
+        return x[:, :H, :W, :] if padded else x
 
     def extra_repr(self) -> str:
         return f"window_size={self.window_size}, shift_size={self.shift_size}"
@@ -174,11 +200,11 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, C = x.shape
-        if H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-            H, W = H + H % 2, W + W % 2
+        h, w = (H + 1) // 2, (W + 1) // 2
+        if symbolic(H, W) or (2 * h, 2 * w) != (H, W):  # pad odd sides
+            x = F.pad(x, (0, 0, 0, 2 * w - W, 0, 2 * h - H))
         # order (0,0), (1,0), (0,1), (1,1) as the official repo, so checkpoints agree
-        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5)  # (B,h,w,2w,2h,C)
+        x = x.reshape(B, h, 2, w, 2, C).permute(0, 1, 3, 4, 2, 5)  # (B,h,w,2w,2h,C)
         return self.reduction(self.norm(x.flatten(3)))  # (B, H/2, W/2, 2C)
 
 
@@ -365,8 +391,15 @@ _SIZES = {
     # the embedded-MNIST recipe (configs/cls/swin_mnist.yaml): digits resized to 32, 8x8 tokens
     # in four shifted 4x4 windows, then patch merging to one 4x4 window
     "swin_mnist": dict(
-        img_size=32, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depths=(2, 4),
-        num_heads=(2, 4), window_size=4, mlp_ratio=2.0,
+        img_size=32,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=64,
+        depths=(2, 4),
+        num_heads=(2, 4),
+        window_size=4,
+        mlp_ratio=2.0,
     ),
 }
 for _name, _kw in _SIZES.items():

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "get_rng_state", "load_checkpoint", "set_rng_state"]
+__all__ = ["atomic_save", "get_rng_state", "load_checkpoint", "set_rng_state", "shipped_weights"]
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -50,6 +50,21 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise ValueError(f"{path} is not a vision_tfm training checkpoint (no model/config)")
     return ckpt
+
+
+def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[str, Any]:
+    """The state dict a checkpoint is used with: the EMA when the run tracked it.
+
+    Args:
+        ckpt: A training checkpoint dict.
+        use_ema: None follows the run (``meta["weights"]``); True takes the EMA weights when
+            the checkpoint has them; False takes the raw model's.
+    """
+    if use_ema is None:
+        use_ema = ckpt.get("meta", {}).get("weights") == "ema"
+    if use_ema and ckpt.get("ema") is not None:
+        return {k.removeprefix("module."): v for k, v in ckpt["ema"].items()}
+    return ckpt["model"]
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from ..data import AugConfig, DataConfig, build_cls_datasets
 from ..models import create_model, load_pretrained
 from ..models.registry import get_model_entry
+from .checkpoint import shipped_weights
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
@@ -145,8 +146,13 @@ class ClassificationTask:
         return f"val top1: {metrics['top1']:.4f}"
 
 
-def restore_cls_model(ckpt: dict[str, Any], use_ema: bool = False) -> tuple[nn.Module, ClsConfig]:
-    """Rebuild a trained classifier from a checkpoint dict (config + weights)."""
+def restore_cls_model(
+    ckpt: dict[str, Any], use_ema: bool | None = None
+) -> tuple[nn.Module, ClsConfig]:
+    """Rebuild a trained classifier from a checkpoint dict (config + weights).
+
+    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
+    """
     from ..config import apply_overrides
 
     if ckpt.get("meta", {}).get("task") != "cls":
@@ -154,11 +160,7 @@ def restore_cls_model(ckpt: dict[str, Any], use_ema: bool = False) -> tuple[nn.M
     cfg = apply_overrides(ClsConfig(), ckpt["config"])
     meta = ckpt["meta"]
     model = build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"])
-    if use_ema and ckpt.get("ema") is not None:
-        sd = {k.removeprefix("module."): v for k, v in ckpt["ema"].items()}
-    else:
-        sd = ckpt["model"]
-    model.load_state_dict(sd)
+    model.load_state_dict(shipped_weights(ckpt, use_ema))
     return model.eval(), cfg
 
 

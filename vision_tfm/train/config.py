@@ -87,7 +87,12 @@ class SchedConfig:
 
 @dataclass
 class EmaConfig:
-    """Exponential moving average of the weights (timm ``ModelEmaV3``), evaluated alongside."""
+    """Exponential moving average of the weights (timm ``ModelEmaV3``).
+
+    When enabled, the EMA is the model a run ships (as in timm's train script): its metric
+    picks ``best.pt`` and is the figure printed at the end, and predict / export load its
+    weights unless told otherwise. The raw model's metric is still logged beside it.
+    """
 
     enabled: bool = False
     decay: float = 0.9998

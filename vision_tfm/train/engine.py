@@ -183,6 +183,8 @@ class Trainer:
         seed_everything(cfg.run.seed)
         self.ckpt = load_checkpoint(self.resume_path) if self.resume_path else None
         model, self.train_ds, self.val_ds, self.meta = self.task.build()
+        self.meta["weights"] = "ema" if cfg.ema.enabled else "model"  # what the run ships
+        self.tracked = f"ema_{self.task.metric}" if cfg.ema.enabled else self.task.metric
         if self.ckpt is not None:
             self._check_compatible(model)
         self.model = model.to(self.device)
@@ -338,7 +340,7 @@ class Trainer:
             if eval_only:
                 metrics = self._evaluate()
                 if is_main():
-                    print(self.task.summary(metrics), flush=True)
+                    print(self.task.summary(self._shipped(metrics)), flush=True)
                 return metrics
             return self._fit()
         finally:
@@ -398,8 +400,8 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 metrics = self._evaluate(val_loader)
                 s.epoch, s.step_in_epoch = epoch + 1, 0
-                improved = metrics[self.task.metric] > s.best
-                s.best = max(s.best, metrics[self.task.metric])
+                improved = metrics[self.tracked] > s.best
+                s.best = max(s.best, metrics[self.tracked])
                 row = {
                     "epoch": epoch + 1,
                     "train_loss": train_loss,
@@ -431,8 +433,8 @@ class Trainer:
                     flush=True,
                 )
             elif cfg.run.plots:
-                self.task.finish(self.model, val_loader, self.run_dir, self.history)
-            print(self.task.summary(metrics or self.history[-1]), flush=True)
+                self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
+            print(self.task.summary(self._shipped(metrics or self.history[-1])), flush=True)
         return metrics
 
     def _train_epoch(self, epoch: int, logger: MetricLogger | None) -> tuple[float, int]:
@@ -501,6 +503,17 @@ class Trainer:
         self.scheduler.step_update(num_updates=s.num_updates)
         if self.ema is not None:
             self.ema.update(self.model, step=s.num_updates)
+
+    @property
+    def shipped_model(self) -> nn.Module:
+        """The model the run ships: the EMA when enabled, else the trained weights."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def _shipped(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Metrics of the shipped model under the task's plain names (for the summary)."""
+        if self.ema is None:
+            return metrics
+        return {**metrics, **{k[4:]: v for k, v in metrics.items() if k.startswith("ema_")}}
 
     @torch.no_grad()
     def _evaluate(self, loader: DataLoader | None = None) -> dict[str, float]:
