@@ -107,7 +107,18 @@ class Attention(nn.Module):
 
         if self.fused and not (return_attn or self.store_attn):
             drop = self.attn_drop.p if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
+            if q.dim() > 4:
+                # CPU SDPA kernels take (B, h, N, d); more leading dims fall back to the slow
+                # math path (2x slower on Swin windows). Fold them, expanding the bias to match.
+                lead_shape = q.shape[:-3]
+                if attn_bias is not None:
+                    full = (*q.shape[:-1], k.shape[-2])  # (..., h, N, N)
+                    attn_bias = attn_bias.expand(full).reshape(-1, *full[-3:])
+                q, k, v = q.flatten(0, -4), k.flatten(0, -4), v.flatten(0, -4)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
+                out = out.unflatten(0, lead_shape)  # (..., h, N, d)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
             attn = None
         else:
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (..., h, N, N)
