@@ -240,7 +240,7 @@ def test_repeat_serves_each_training_view_several_times_freshly_augmented() -> N
     train, val, _ = build_grasp_datasets(
         "cornell", CORNELL, train_frac=0.67, input="rgb", repeat=3, output_size=64
     )
-    assert (len(train), len(val)) == (6, 1) and train.ids == train.ids[:2]
+    assert (len(train), len(val)) == (6, 1) and len(train.ids) == 2  # ids name views, once
     a, _, ra = train[0]
     b, _, rb = train[2]  # same view, second pass
     assert ra.shape == rb.shape and not torch.equal(a, b)

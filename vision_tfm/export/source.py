@@ -92,11 +92,6 @@ class ExportSource:
     def metric_name(self) -> str:
         return "grasp_acc" if self.task == "grasp" else "top1"
 
-    @property
-    def stride(self) -> int:
-        """Coarsest feature stride: input sides that are multiples of it need no padding."""
-        return max(int(f["reduction"]) for f in self.model.feature_info)
-
     def outputs_of(self, out: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """A model's return value as a list in ``output_names`` order."""
         if isinstance(out, dict):

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
 __all__ = ["init_weights", "select_indices"]
+
+
+def block_kwargs(cfg: Any) -> dict[str, Any]:
+    """The :class:`~vision_tfm.layers.Block` options every family's config spells the same way.
+
+    One mapping, so a field such as ``attn_drop_rate`` means the same in ViT, Swin and the
+    hybrid; each family adds its own (width, heads, norm layer, LayerScale, ...).
+    """
+    return {
+        "mlp_ratio": cfg.mlp_ratio,
+        "qkv_bias": cfg.qkv_bias,
+        "proj_drop": cfg.proj_drop_rate,
+        "attn_drop": cfg.attn_drop_rate,
+        "norm_place": cfg.norm_place,
+    }
 
 
 def init_weights(module: nn.Module) -> None:

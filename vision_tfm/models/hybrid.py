@@ -30,7 +30,7 @@ from ..layers import (
     sincos_2d,
     symbolic,
 )
-from ._common import init_weights, select_indices
+from ._common import block_kwargs, init_weights, select_indices
 from .registry import register_model
 
 __all__ = [
@@ -142,12 +142,8 @@ class HybridTrunk(nn.Module):
             cfg.drop_path_rate,
             dim=D,
             num_heads=cfg.num_heads,
-            mlp_ratio=cfg.mlp_ratio,
-            qkv_bias=cfg.qkv_bias,
-            proj_drop=cfg.proj_drop_rate,
-            attn_drop=cfg.attn_drop_rate,
             norm_layer=LayerNorm,
-            norm_place=cfg.norm_place,
+            **block_kwargs(cfg),
         )
         # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream
         self.norm = LayerNorm(D) if cfg.norm_place != "post" else nn.Identity()

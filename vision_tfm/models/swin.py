@@ -30,7 +30,7 @@ from ..layers import (
     relative_position_index,
     symbolic,
 )
-from ._common import init_weights, select_indices
+from ._common import block_kwargs, init_weights, select_indices
 from .registry import register_model
 
 __all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
@@ -297,11 +297,7 @@ class SwinTransformer(nn.Module):
                     downsample=i > 0,
                     drop_path=dpr[i].tolist(),
                     norm_layer=norm,
-                    mlp_ratio=cfg.mlp_ratio,
-                    qkv_bias=cfg.qkv_bias,
-                    proj_drop=cfg.proj_drop_rate,
-                    attn_drop=cfg.attn_drop_rate,
-                    norm_place=cfg.norm_place,
+                    **block_kwargs(cfg),
                 )
                 for i in range(len(cfg.depths))
             )

@@ -26,7 +26,7 @@ from ..layers import (
     run_blocks,
     sincos_2d,
 )
-from ._common import init_weights, select_indices
+from ._common import block_kwargs, init_weights, select_indices
 from .registry import register_model
 
 __all__ = ["ViTConfig", "VisionTransformer"]
@@ -92,15 +92,11 @@ class VisionTransformer(nn.Module):
             cfg.drop_path_rate,
             dim=D,
             num_heads=cfg.num_heads,
-            mlp_ratio=cfg.mlp_ratio,
-            qkv_bias=cfg.qkv_bias,
             qk_norm=cfg.qk_norm,
-            proj_drop=cfg.proj_drop_rate,
-            attn_drop=cfg.attn_drop_rate,
             init_values=cfg.init_values or None,
             norm_layer=norm,
             mlp_layer=get_mlp_layer(cfg.mlp_layer),
-            norm_place=cfg.norm_place,
+            **block_kwargs(cfg),
         )
         # timm: with average pooling the final norm moves after pooling (fc_norm).
         # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream.
