@@ -330,6 +330,34 @@ def test_flops_follow_the_two_per_multiply_add_convention() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     assert count_flops(model, torch.zeros(4, 32)) == 2 * (32 * 64 + 64 * 8)
     assert matmul_ceiling(torch.float32, threads=1, n=64, seconds=0.0) > 0
-    calls = []
-    times = time_runs(calls.append, torch.zeros(1), warmup=3, runs=7, seconds=0.0)
-    assert len(times) == 7 and len(calls) == 10
+    calls: list[str] = []
+    fns = {k: (lambda x, k=k: calls.append(k)) for k in ("a", "b")}
+    times = time_runs(fns, torch.zeros(1), warmup=3, runs=7, seconds=0.0, round_calls=2)
+    # 4 rounds of 2 calls reach 7; the formats take turns after their warmups
+    assert {k: len(v) for k, v in times.items()} == {"a": 8, "b": 8}
+    assert calls[:6] == ["a"] * 3 + ["b"] * 3 and calls[6:10] == ["a", "a", "b", "b"]
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate: str) -> None:
+    """At opset 18 (no Gelu op) GELU is written out so that onnxruntime fuses it to one node."""
+    import onnxruntime as ort
+
+    from vision_tfm.export.onnx import export_onnx, ort_runner
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.GELU(approximate=approximate), torch.nn.Linear(16, 4)
+    ).eval()
+    x = torch.randn(3, 8) * 3
+    path = tmp_path / "mlp.onnx"
+    export_onnx(model, x, path, output_names=["out"], opset=18)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
+    assert not {"Erf", "Tanh"} & set(ops), ops
+    assert {"Gelu", "BiasGelu", "FastGelu"} & set(ops), ops
+    torch.testing.assert_close(ort_runner(sess)(x)[0], model(x), atol=1e-5, rtol=1e-5)

@@ -1,8 +1,10 @@
 """``vtfm benchmark``: one row per format - accuracy, parity, latency, throughput, FLOPs.
 
 Every format runs the same real val images on the same number of threads. A format that
-fails gets a row saying why, and the table goes on. Timing: ``warmup`` runs, then runs until
-there have been at least ``runs`` of them *and* ``seconds`` have passed; batch-1 latency is
+fails gets a row saying why, and the table goes on. Timing is interleaved: after ``warmup``
+calls each, the formats take turns in short rounds, so a noisy spell on a shared machine hits
+them all alike instead of whichever happened to be measured then. Rounds go on until every
+format has at least ``runs`` calls and ``seconds`` per format have passed. Batch-1 latency is
 reported as median and p90, throughput as images per second at the median batch time.
 """
 
@@ -128,17 +130,34 @@ COLUMNS = tuple(f.name for f in fields(Row))
 
 
 def time_runs(
-    fn: Callable[[torch.Tensor], Any], x: torch.Tensor, warmup: int, runs: int, seconds: float
-) -> list[float]:
-    """Milliseconds per call after ``warmup`` calls: at least ``runs`` calls and ``seconds``."""
-    for _ in range(warmup):
-        fn(x)
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < runs or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        fn(x)
-        times.append((time.perf_counter() - t0) * 1e3)
+    fns: dict[str, Callable[[torch.Tensor], Any]],
+    x: torch.Tensor,
+    warmup: int,
+    runs: int,
+    seconds: float,
+    round_calls: int = 5,
+) -> dict[str, list[float]]:
+    """Milliseconds per call of each function, timed in interleaved rounds.
+
+    Each function gets ``warmup`` untimed calls, then rounds of ``round_calls`` timed calls
+    each, in turn, until all have ``runs`` calls and ``seconds * len(fns)`` have passed.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(x)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    start, budget = time.perf_counter(), seconds * len(fns)
+
+    def more() -> bool:
+        fewest = min((len(t) for t in times.values()), default=runs)
+        return fewest < runs or time.perf_counter() - start < budget
+
+    while more():
+        for k, fn in fns.items():
+            for _ in range(round_calls):
+                t0 = time.perf_counter()
+                fn(x)
+                times[k].append((time.perf_counter() - t0) * 1e3)
     return times
 
 
@@ -240,7 +259,7 @@ def benchmark_checkpoint(
         }
         ref = source.evaluate(source.torch_runner(), batches)
         builder = _Formats(source, opts, work)
-        rows = []
+        rows, runners = [], {}
         for fmt in opts.formats:
             row = Row(fmt, threads=opts.threads, gflops=gflops)
             try:
@@ -250,17 +269,22 @@ def benchmark_checkpoint(
                 row.metric_delta = ev.metric - ref.metric
                 row.top1_agreement = ev.top1_agreement(ref)
                 row.max_abs_diff = max_abs_diff(ev.outputs, ref.outputs)
-                lat = time_runs(runner, x1, opts.warmup, opts.runs, opts.seconds)
-                row.latency_median_ms = statistics.median(lat)
-                row.latency_p90_ms = float(np.percentile(lat, 90))
-                tb = time_runs(runner, xb, opts.warmup, opts.runs, opts.seconds)
-                row.throughput_img_s = len(xb) / statistics.median(tb) * 1e3
-                ceiling = ceilings["bf16" if fmt == "torch-bf16" else "fp32"]
-                row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
+                runners[fmt] = runner
             except Exception as e:  # one format's failure is a row, not the end of the table
                 row.status = f"failed: {one_line(e)}"
             rows.append(row)
             log(f"{fmt}: {row.status}")
+        log(f"timing {len(runners)} formats, interleaved")
+        lat = time_runs(runners, x1, opts.warmup, opts.runs, opts.seconds)
+        tb = time_runs(runners, xb, opts.warmup, opts.runs, opts.seconds)
+        for row in rows:
+            if row.format not in runners:
+                continue
+            row.latency_median_ms = statistics.median(lat[row.format])
+            row.latency_p90_ms = float(np.percentile(lat[row.format], 90))
+            row.throughput_img_s = len(xb) / statistics.median(tb[row.format]) * 1e3
+            ceiling = ceilings["bf16" if row.format == "torch-bf16" else "fp32"]
+            row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
     return {
         "checkpoint": os.path.abspath(checkpoint),
         "model_name": source.model_name,
@@ -326,8 +350,10 @@ def markdown_table(result: dict[str, Any]) -> str:
         "",
         f"{result['model_name']} ({result['checkpoint']}), {result['metric_name']} on "
         f"{result['val_images']} val images; {result['machine']}; {result['threads']} threads.",
-        f"Timing: {s['warmup']} warmup runs, then >= {s['runs']} runs and >= {s['seconds']:g} s "
-        f"per measurement. Δ, agreement and max abs diff are against fp32 PyTorch.",
+        f"Timing: {s['warmup']} warmup runs per format, then the formats take turns (5 calls "
+        f"each) until each has >= {s['runs']} runs and >= {s['seconds']:g} s per format have "
+        "passed, at batch 1 and again at the throughput batch. "
+        "Δ, agreement and max abs diff are against fp32 PyTorch.",
         "GFLOPs count 1 multiply-add as 2 FLOPs (matmul, conv, attention; torch FlopCounterMode). "
         f"% of peak = GFLOPs/img x b{result['batch']} img/s over the measured "
         f"{s['ceiling_size']}² matmul ceiling in GFLOP/s ({ceil}): bf16 for torch-bf16, "

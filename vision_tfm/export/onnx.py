@@ -157,6 +157,7 @@ def export_onnx(
                 input_names=[INPUT_NAME],
                 dynamic_shapes=(dims,) if dims else None,
                 opset_version=opset,
+                custom_translation_table=_translations(opset),
                 verbose=False,
             )
     except Exception as e:
@@ -167,6 +168,33 @@ def export_onnx(
     prog.rename_axes({shape[i]: axis_names[i] for i in dims})
     _name_outputs(graph, output_names)
     prog.save(str(path), external_data=True)
+
+
+def _translations(opset: int) -> dict[Any, Any]:
+    """Exporter overrides: GELU below opset 20 (which has a ``Gelu`` op) in the order ORT fuses.
+
+    The exporter writes erf-GELU as ``x * (0.5 * (1 + erf(x / sqrt 2)))``, which onnxruntime's
+    Gelu fusion does not match, leaving 5 element-wise nodes per MLP in fp32 and int8 graphs
+    alike; ``(0.5 * x) * (1 + erf(x / sqrt 2))`` is the same function in standard ops and
+    fuses. The tanh form is written out as the FastGelu fusion expects.
+    """
+    if opset >= 20:
+        return {}
+    from onnxscript import opset18 as op
+
+    def gelu(x: Any, approximate: str = "none") -> Any:
+        def c(v: float) -> Any:
+            return op.CastLike(v, x)
+
+        if approximate == "tanh":
+            inner = op.Mul(
+                c(math.sqrt(2 / math.pi)), op.Add(x, op.Mul(c(0.044715), op.Pow(x, c(3.0))))
+            )
+            return op.Mul(op.Mul(x, c(0.5)), op.Add(c(1.0), op.Tanh(inner)))
+        erf = op.Erf(op.Div(x, c(math.sqrt(2.0))))
+        return op.Mul(op.Mul(x, c(0.5)), op.Add(erf, c(1.0)))
+
+    return {torch.ops.aten.gelu.default: gelu}
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
