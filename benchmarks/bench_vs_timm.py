@@ -12,8 +12,11 @@ as 3x the forward. The matmul ceiling is a 2048x2048 matmul timed in the same ru
 same thread count and precision.
 
 Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 weights for
-the bf16 case); training uses the plain model. ``grasp_hybrid_s`` is compared with its own
-unoptimised eager version (timm has no such model).
+the bf16 case); training uses the plain model. ``--compile`` adds ``torch.compile`` to ours
+(inference: with freezing, through ``optimize_for_inference(compile=True)``; training: the
+plain ``torch.compile`` that ``run.compile`` uses) and reports the compile time, i.e. the
+first call's time less a steady call's; timm stays eager unless ``--compile-timm``.
+``grasp_hybrid_s`` is compared with its own unoptimised eager version (timm has no such model).
 """
 
 from __future__ import annotations
@@ -84,9 +87,16 @@ def make_step(model, x, mode: str, prec: str) -> Callable[[], None]:
     return train_step
 
 
-def interleaved(steps: dict[str, Callable[[], None]], rounds: int, iters: int) -> dict[str, float]:
-    """Median seconds per step for each entry, alternating the order every round."""
-    for s in steps.values():  # warmup
+def interleaved(
+    steps: dict[str, Callable[[], None]], rounds: int, iters: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per step for each entry, alternating the order every round, and the
+    seconds its first call took (compilation, for a compiled model)."""
+    first = {}
+    for k, s in steps.items():  # warmup
+        t = time.perf_counter()
+        s()
+        first[k] = time.perf_counter() - t
         for _ in range(2):
             s()
     times: dict[str, list[float]] = {k: [] for k in steps}
@@ -97,10 +107,10 @@ def interleaved(steps: dict[str, Callable[[], None]], rounds: int, iters: int) -
             for _ in range(iters):
                 steps[k]()
             times[k].append((time.perf_counter() - t) / iters)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, first
 
 
-def build(kind: str, prec: str, mode: str):
+def build(kind: str, prec: str, mode: str, compile: bool = False, compile_ref: bool = False):
     """(ours, reference, label of the reference), same weights."""
     ours_name, timm_name = PAIRS[kind]
     torch.manual_seed(0)
@@ -113,10 +123,15 @@ def build(kind: str, prec: str, mode: str):
         ours = vt.load_pretrained(vt.create_model(ours_name), ref.state_dict()).eval()
         label = "timm"
     if mode == "infer":
-        vt.optimize_for_inference(ours, dtype=torch.bfloat16 if prec == "bf16" else None)
+        dtype = torch.bfloat16 if prec == "bf16" else None
+        ours = vt.optimize_for_inference(ours, dtype=dtype, compile=compile)
+        if compile_ref:
+            ref = torch.compile(ref, dynamic=False, options={"freezing": True})
     else:
         ours.train()
         ref.train()
+        ours = torch.compile(ours, dynamic=False) if compile else ours
+        ref = torch.compile(ref, dynamic=False) if compile_ref else ref
     return ours, ref, label
 
 
@@ -144,6 +159,8 @@ def main() -> None:
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 iteration each")
+    p.add_argument("--compile", action="store_true", help="torch.compile ours")
+    p.add_argument("--compile-timm", action="store_true", help="torch.compile the reference")
     args = p.parse_args()
     rounds = 2 if args.quick else args.rounds
     rows = []
@@ -159,29 +176,31 @@ def main() -> None:
                     if kind == "grasp" and mode == "train":
                         continue  # the fast path is inference-only
                     for batch in map(int, args.batches.split(",")):
-                        ours, ref, label = build(kind, prec, mode)
+                        torch._dynamo.reset()  # compiled code is specialised to thread count
+                        ours, ref, label = build(kind, prec, mode, args.compile, args.compile_timm)
                         c = 4 if kind == "grasp" else 3
                         x = torch.randn(batch, c, 224, 224)
+                        bf16_in = prec == "bf16" and mode == "infer"
+                        bf16_in = bf16_in and next(ours.parameters()).dtype == torch.bfloat16
+                        xin = x.bfloat16() if bf16_in else x
+                        compile_s = 0.0
+                        if args.compile and mode == "infer":  # the user's first call compiles
+                            t0 = time.perf_counter()
+                            make_step(ours, xin, mode, prec)()
+                            compile_s = time.perf_counter() - t0
                         diff = check_parity(ours, ref, x, prec)
-                        flops = forward_flops(ref, x) * (3 if mode == "train" else 1)
+                        flops = forward_flops(getattr(ref, "_orig_mod", ref), x) * (
+                            3 if mode == "train" else 1
+                        )
                         if mode == "train":
                             ours.train()
                             ref.train()
-                        xin = (
-                            x.bfloat16()
-                            if (
-                                prec == "bf16"
-                                and mode == "infer"
-                                and next(ours.parameters()).dtype == torch.bfloat16
-                            )
-                            else x
-                        )
                         steps = {
                             "ours": make_step(ours, xin, mode, prec),
                             "ref": make_step(ref, x, mode, prec),
                         }
                         iters = 1 if args.quick else max(1, int(4 / batch) + 1)
-                        t = interleaved(steps, rounds, iters)
+                        t, first = interleaved(steps, rounds, iters)
                         gf = flops / t["ours"] / 1e9
                         rows.append(
                             {
@@ -197,13 +216,16 @@ def main() -> None:
                                 "gflops": gf,
                                 "ceiling": 100 * gf / ceilings[(threads, prec)],
                                 "parity": diff,
+                                # training compiles on its first step (forward + backward)
+                                "compile_s": compile_s or first["ours"] - t["ours"],
                             }
                         )
                         r = rows[-1]
                         print(
                             f"{r['model']:<30} {mode:<5} {prec:<4} b{batch:<3} t{threads} "
                             f"{label} {r['ref_ms']:8.1f} ms  ours {r['ours_ms']:8.1f} ms  "
-                            f"x{r['speedup']:.2f}  {gf:6.1f} GFLOP/s ({r['ceiling']:.0f}%)",
+                            f"x{r['speedup']:.2f}  {gf:6.1f} GFLOP/s ({r['ceiling']:.0f}%)"
+                            + (f"  compile {r['compile_s']:.0f} s" if args.compile else ""),
                             flush=True,
                         )
     print(

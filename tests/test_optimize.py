@@ -61,3 +61,17 @@ def test_optimize_bf16_weights_stay_close():
         out = fast(x.bfloat16()).float()
     assert fast.patch_embed.proj.weight.dtype == torch.bfloat16
     assert (out - ref).abs().max().item() < 0.1
+
+
+def test_optimize_compiled_matches_eager():
+    """The compiled (frozen) path gives the eager outputs; masks and biases fold in as constants."""
+    torch.manual_seed(0)
+    m = vt.create_model("swin_test").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = m(x)
+    fast = vt.optimize_for_inference(m, compile=True)
+    assert fast._orig_mod is m
+    with torch.inference_mode():
+        out = fast(x)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)

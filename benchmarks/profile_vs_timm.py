@@ -1,0 +1,91 @@
+"""Where the time goes: torch.profiler top ops for ours and timm, same weights, same input.
+
+    python benchmarks/profile_vs_timm.py --models vit,swin --precisions fp32,bf16
+    python benchmarks/profile_vs_timm.py --models swin --modes train --batch 16 --threads 2
+
+For each case it profiles a few steps of each model (after warmup) and prints the top ops by
+self CPU time as a Markdown table, then one line per model with the share of the step spent
+in GEMM kernels (``addmm``, ``mm``, ``bmm``, oneDNN linear) and in SDPA. A model whose step is
+mostly GEMM at a rate near the measured matmul ceiling (``bench_vs_timm.py``) cannot get much
+faster without doing fewer FLOPs; what is left is the non-GEMM remainder shown here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from bench_vs_timm import PAIRS, build, make_step
+from torch.profiler import ProfilerActivity, profile
+
+GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_addmm_activation", "mkldnn::")
+SDPA = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_flash_attention")
+
+
+def profile_step(step, steps: int) -> dict[str, tuple[float, int]]:
+    """Self CPU microseconds and call count per op, summed over ``steps`` steps."""
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    out: dict[str, tuple[float, int]] = collections.defaultdict(lambda: (0.0, 0))
+    for e in prof.key_averages():
+        t, n = out[e.key]
+        out[e.key] = (t + e.self_cpu_time_total, n + e.count)
+    return out
+
+
+def share(ops: dict[str, tuple[float, int]], prefixes: tuple[str, ...]) -> float:
+    total = sum(t for t, _ in ops.values())
+    return 100 * sum(t for k, (t, _) in ops.items() if k.startswith(prefixes)) / total
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="vit,swin")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--modes", default="infer,train")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    for kind in args.models.split(","):
+        for prec in args.precisions.split(","):
+            for mode in args.modes.split(","):
+                ours, ref, label = build(kind, prec, mode)
+                x = torch.randn(args.batch, 4 if kind == "grasp" else 3, 224, 224)
+                bf16_weights = next(ours.parameters()).dtype == torch.bfloat16
+                xin = x.bfloat16() if bf16_weights else x
+                profs = {
+                    "ours": profile_step(make_step(ours, xin, mode, prec), args.steps),
+                    label: profile_step(make_step(ref, x, mode, prec), args.steps),
+                }
+                print(
+                    f"\n### {PAIRS[kind][0]} {mode} {prec} b{args.batch} t{args.threads} "
+                    f"(self CPU ms per step)\n"
+                )
+                print("| op | " + " | ".join(f"{k} ms | {k} calls" for k in profs) + " |")
+                print("|---|" + "---|---|" * len(profs))
+                first = profs["ours"]
+                top = sorted(first, key=lambda k: -first[k][0])[: args.top]
+                for op in top:
+                    cells = []
+                    for ops in profs.values():
+                        t, n = ops.get(op, (0.0, 0))
+                        cells += [f"{t / 1e3 / args.steps:.1f}", f"{n // args.steps}"]
+                    print(f"| {op} | " + " | ".join(cells) + " |")
+                for k, ops in profs.items():
+                    total = sum(t for t, _ in ops.values()) / 1e3 / args.steps
+                    print(
+                        f"\n{k}: {total:.0f} ms self CPU per step; GEMM {share(ops, GEMM):.0f}%, "
+                        f"SDPA {share(ops, SDPA):.0f}%, everything else "
+                        f"{100 - share(ops, GEMM) - share(ops, SDPA):.0f}%"
+                    )
+
+
+if __name__ == "__main__":
+    main()
