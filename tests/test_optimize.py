@@ -75,3 +75,12 @@ def test_optimize_compiled_matches_eager():
     with torch.inference_mode():
         out = fast(x)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["vit_test", "swin_test", "hybrid_test", "grasp_hybrid_t"])
+def test_models_compile_to_one_graph(name):
+    """A graph break splits torch.compile's work and, per block, exhausts its recompile limit."""
+    m = vt.create_model(name)
+    x = torch.randn(2, *input_size(m))
+    found = torch._dynamo.explain(m)(x)
+    assert found.graph_break_count == 0, [b.reason for b in found.break_reasons]

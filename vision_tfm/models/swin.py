@@ -163,14 +163,14 @@ class SwinBlock(Block):
         _, H, W, _ = x.shape
         ws = self.window_size
         Hp, Wp = (H + ws - 1) // ws * ws, (W + ws - 1) // ws * ws  # padded to whole windows
-        # a window covering the whole (padded) dim needs no shift
-        shift = (
-            torch.sym_ite(ws < Hp, self.shift_size, 0),
-            torch.sym_ite(ws < Wp, self.shift_size, 0),
-        )
-        # Symbolic sizes (dynamic-H/W export): pad, roll and mask unconditionally, the shift
-        # chosen inside the graph, so one graph serves every input size.
+        # a window covering the whole (padded) dim needs no shift. Symbolic sizes (dynamic-H/W
+        # export): pad, roll and mask unconditionally, the shift chosen inside the graph, so
+        # one graph serves every input size. (sym_ite on plain ints breaks torch.compile.)
         traced = symbolic(H, W)
+        if traced:
+            shift = tuple(torch.sym_ite(ws < n, self.shift_size, 0) for n in (Hp, Wp))
+        else:
+            shift = tuple(self.shift_size if ws < n else 0 for n in (Hp, Wp))
         if traced:
             x = gather_roll(F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)), shift, -1, (Hp, Wp))
         else:

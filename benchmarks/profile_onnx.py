@@ -1,0 +1,68 @@
+"""Where an ONNX model spends its time in onnxruntime: self time per op type, per run.
+
+    vtfm export --checkpoint runs/cls/hybrid_mnist-.../best.pt --int8 dynamic --out /tmp/h/m.onnx
+    python benchmarks/profile_onnx.py /tmp/h/m.onnx /tmp/h/m-int8-dynamic.onnx --threads 1
+
+Runs each model (after the graph optimisations onnxruntime applies in a real session) with
+its profiler on and prints, per model, the op types by summed kernel time. It answers "how
+much faster could int8 make this": the quantised ops' share is the most any int8 scheme can
+remove. Profiling adds a few microseconds per node, so read shares, not absolute latencies
+(``vtfm benchmark`` measures those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import tempfile
+
+import numpy as np
+import onnxruntime as ort
+
+
+def profile(path: str, threads: int, runs: int) -> tuple[dict[str, float], dict[str, int]]:
+    """Microseconds and node count per op type, per run."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        so.profile_file_prefix = os.path.join(tmp, "ort")
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        inp = sess.get_inputs()[0]
+        shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+        x = {inp.name: np.random.default_rng(0).random(shape, dtype=np.float32)}
+        for _ in range(runs):
+            sess.run(None, x)
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+    time: dict[str, float] = collections.Counter()
+    count: dict[str, int] = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            time[e["args"]["op_name"]] += e["dur"] / runs
+            count[e["args"]["op_name"]] += 1
+    return dict(time), {k: v // runs for k, v in count.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+", help=".onnx files (batch 1 where the batch is dynamic)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args()
+    for path in args.models:
+        time, count = profile(path, args.threads, args.runs)
+        total = sum(time.values())
+        print(f"\n{path}: {total:.0f} us of kernel time per run, {sum(count.values())} nodes\n")
+        print("| op type | us per run | share | nodes |\n|---|---|---|---|")
+        for op in sorted(time, key=lambda k: -time[k])[: args.top]:
+            print(f"| {op} | {time[op]:.1f} | {100 * time[op] / total:.0f}% | {count[op]} |")
+
+
+if __name__ == "__main__":
+    main()
