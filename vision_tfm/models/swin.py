@@ -169,11 +169,9 @@ class SwinBlock(Block):
         traced = symbolic(H, W)
         if traced:
             shift = tuple(torch.sym_ite(ws < n, self.shift_size, 0) for n in (Hp, Wp))
-        else:
-            shift = tuple(self.shift_size if ws < n else 0 for n in (Hp, Wp))
-        if traced:
             x = gather_roll(F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)), shift, -1, (Hp, Wp))
         else:
+            shift = tuple(self.shift_size if ws < n else 0 for n in (Hp, Wp))
             padded = (Hp, Wp) != (H, W)
             x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)) if padded else x
             x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2)) if any(shift) else x
