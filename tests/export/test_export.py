@@ -251,6 +251,7 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert float(rows[2]["max_abs_diff"]) <= 1e-4  # fp32 onnx vs PyTorch
     result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
     assert result["val_images"] == 64 and result["metric_name"] == "top1"
+    assert {"torch", "vision_tfm", "onnx", "onnxruntime"} <= set(result["versions"])
     assert (tmp_path / "b" / "benchmark.md").read_text().startswith("| format |")
     err = fail(capsys, *args)  # the tables exist now: refused before any work
     assert "exists; pass --overwrite" in err

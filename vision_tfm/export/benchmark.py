@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
 
 from .flops import count_flops, matmul_ceiling, torch_threads
@@ -295,7 +297,12 @@ def benchmark_checkpoint(
         "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
         + f", {os.cpu_count()} logical CPUs",
-        "versions": source.describe()["versions"],
+        # the runtime's version decides the kernels and fusions the ONNX rows measure
+        "versions": {
+            **source.describe()["versions"],
+            "onnx": onnx.__version__,
+            "onnxruntime": ort.__version__,
+        },
         "settings": {k: v for k, v in asdict(opts).items() if k != "formats"},
         "rows": [asdict(r) for r in rows],
     }
