@@ -16,7 +16,7 @@ import argparse
 import collections
 
 import torch
-from bench_vs_timm import PAIRS, build, make_step
+from bench_vs_timm import PAIRS, build, make_step, model_input
 from torch.profiler import ProfilerActivity, profile
 
 GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_addmm_activation", "mkldnn::")
@@ -58,10 +58,10 @@ def main() -> None:
             for mode in args.modes.split(","):
                 ours, ref, label = build(kind, prec, mode)
                 x = torch.randn(args.batch, 4 if kind == "grasp" else 3, 224, 224)
-                bf16_weights = next(ours.parameters()).dtype == torch.bfloat16
-                xin = x.bfloat16() if bf16_weights else x
                 profs = {
-                    "ours": profile_step(make_step(ours, xin, mode, prec), args.steps),
+                    "ours": profile_step(
+                        make_step(ours, model_input(ours, x), mode, prec), args.steps
+                    ),
                     label: profile_step(make_step(ref, x, mode, prec), args.steps),
                 }
                 print(

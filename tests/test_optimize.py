@@ -51,12 +51,18 @@ def test_optimize_for_inference_parity(name, kw):
         torch.testing.assert_close(flat(a), flat(b), atol=1e-5, rtol=1e-5)
 
 
-def test_optimize_bf16_weights_stay_close():
+def _swin_and_reference():
+    """A tiny Swin, an input, and its eager fp32 output before any optimisation."""
     torch.manual_seed(0)
     m = vt.create_model("swin_test").eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        ref = m(x)
+        return m, x, m(x)
+
+
+def test_optimize_bf16_weights_stay_close():
+    m, x, ref = _swin_and_reference()
+    with torch.no_grad():
         fast = vt.optimize_for_inference(m, dtype=torch.bfloat16)
         out = fast(x.bfloat16()).float()
     assert fast.patch_embed.proj.weight.dtype == torch.bfloat16
@@ -65,11 +71,7 @@ def test_optimize_bf16_weights_stay_close():
 
 def test_optimize_compiled_matches_eager():
     """The compiled (frozen) path gives the eager outputs; masks and biases fold in as constants."""
-    torch.manual_seed(0)
-    m = vt.create_model("swin_test").eval()
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        ref = m(x)
+    m, x, ref = _swin_and_reference()
     fast = vt.optimize_for_inference(m, compile=True)
     assert fast._orig_mod is m
     with torch.inference_mode():
