@@ -41,6 +41,27 @@ def test_fused_and_explicit_attention_agree_with_bias_and_mask(qk_norm):
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
 
 
+def test_bf16_on_cpu_takes_explicit_path_and_matches_fp32(monkeypatch):
+    torch.manual_seed(0)
+    attn = Attention(64, 4).eval()
+    x = torch.randn(2, 3, 49, 64)
+    bias = torch.randn(3, 4, 49, 49)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append(1) or sdpa(*a, **k),
+    )
+    with torch.inference_mode():
+        ref = attn(x, bias=bias)  # fp32: the fused kernel
+        assert len(calls) == 1
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attn(x, bias=bias)
+    assert out.dtype == torch.bfloat16 and len(calls) == 1
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=0)
+
+
 def test_attention_matches_manual_softmax():
     torch.manual_seed(0)
     attn = Attention(8, 2, qkv_bias=False).eval()
