@@ -257,6 +257,41 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert "exists; pass --overwrite" in err
 
 
+def test_openvino_rows_meet_fp32_parity_and_report_their_precision(
+    vit_export: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("openvino")
+    from vision_tfm.export import BenchOptions, benchmark_checkpoint
+
+    opts = BenchOptions.quick(formats=("onnx", "openvino", "openvino-bf16"), threads=1)
+    result = benchmark_checkpoint(vit_export / "vit_mnist.pt", opts, log=lambda _: None)
+    rows = {r["format"]: r for r in result["rows"]}
+    ov, bf16 = rows["openvino"], rows["openvino-bf16"]
+    assert ov["status"] == "ok" and ov["max_abs_diff"] <= 1e-4
+    assert ov["size_mb"] == rows["onnx"]["size_mb"]  # the same exported file
+    assert bf16["status"].startswith("ok") and bf16["top1_agreement"] >= 0.9
+    assert 1e-4 < bf16["max_abs_diff"] < 0.5 or "runs fp32" in bf16["status"]
+    for r in (ov, bf16):
+        assert r["latency_median_ms"] > 0 and r["throughput_img_s"] > 0
+    assert result["versions"]["openvino"] and "bf16" in result["ceiling_gflops"]
+
+
+def test_openvino_missing_is_a_failed_row_with_the_install_hint(
+    vit_export: Path, monkeypatch
+) -> None:
+    import sys
+
+    from vision_tfm.export import BenchOptions, benchmark_checkpoint
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import raises ImportError
+    opts = BenchOptions.quick(formats=("torch", "openvino"), threads=1)
+    result = benchmark_checkpoint(vit_export / "vit_mnist.pt", opts, log=lambda _: None)
+    torch_row, ov = result["rows"]
+    assert torch_row["status"] == "ok" and torch_row["latency_median_ms"] > 0
+    assert ov["status"].startswith("failed: RuntimeError") and "[openvino]" in ov["status"]
+    assert ov["latency_median_ms"] is None and result["versions"]["openvino"] is None
+
+
 @pytest.mark.parametrize("case", ["opset", "calib", "exists", "unknown_model", "stale_weights"])
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) -> None:
     unknown = "vit_giant_imaginary"

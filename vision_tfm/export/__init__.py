@@ -1,7 +1,8 @@
 """Edge export: ONNX (fp32, dynamic shapes, int8), parity on real images, a benchmark table.
 
 ``vtfm export`` and ``vtfm benchmark`` are thin wrappers over :func:`export_checkpoint` and
-:func:`benchmark_checkpoint`. Needs the ``dev`` extra (onnx, onnxruntime, onnxscript).
+:func:`benchmark_checkpoint`. Needs the ``dev`` extra (onnx, onnxruntime, onnxscript);
+the OpenVINO rows need ``openvino`` (in ``dev``, or the ``openvino`` extra alone).
 """
 
 from .benchmark import FORMATS, BenchOptions, benchmark_checkpoint, write_tables

@@ -43,6 +43,7 @@ from .onnx import (
     parity_inputs,
     size_mb,
 )
+from .openvino import openvino_runner, openvino_version
 from .quantize import calibration_images, quantize_int8
 from .source import ExportSource, Runner, load_source, max_abs_diff
 
@@ -55,7 +56,11 @@ FORMATS = (
     f"onnx-opset{ATTENTION_OPSET}",
     "onnx-int8-dynamic",
     "onnx-int8-static",
+    "openvino",
+    "openvino-bf16",
 )
+# formats held to the fp32 tolerance against PyTorch on the val images
+FP32_FORMATS = ("torch", "onnx", f"onnx-opset{ATTENTION_OPSET}", "openvino")
 TABLE_FILES = ("benchmark.md", "benchmark.csv", "benchmark.json")
 
 
@@ -185,6 +190,12 @@ class _Formats:
                 calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
             quantize_int8(fp32, path, mode, calib)
             return ort_runner(ort_session(path, threads)), "ok", size_mb(path)
+        if fmt.startswith("openvino"):
+            path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
+            want = "bf16" if fmt.endswith("-bf16") else "fp32"
+            runner, runs_in = openvino_runner(path, threads, "bf16" if want == "bf16" else "f32")
+            status = "ok" if runs_in == want else f"ok: runs {runs_in} (no {want} on this CPU)"
+            return runner, status, size_mb(path)
         opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset
         path, status = self.onnx(opset)
         return ort_runner(ort_session(path, threads)), status, size_mb(path)
@@ -253,7 +264,7 @@ def benchmark_checkpoint(
         xb = xb[: opts.batch]
         gflops = count_flops(source.model, x1) / 1e9
         dtypes = {"fp32": torch.float32}
-        if "torch-bf16" in opts.formats:
+        if any(f.endswith("-bf16") for f in opts.formats):
             dtypes["bf16"] = torch.bfloat16
         ceilings = {
             k: matmul_ceiling(dt, opts.threads, opts.ceiling_size, opts.ceiling_seconds)
@@ -271,6 +282,11 @@ def benchmark_checkpoint(
                 row.metric_delta = ev.metric - ref.metric
                 row.top1_agreement = ev.top1_agreement(ref)
                 row.max_abs_diff = max_abs_diff(ev.outputs, ref.outputs)
+                if fmt in FP32_FORMATS and row.status == "ok" and row.max_abs_diff > opts.atol:
+                    row.status = (
+                        f"parity failed: max abs diff {row.max_abs_diff:.2e} > {opts.atol:.0e} "
+                        "on the val images"
+                    )
                 runners[fmt] = runner
             except Exception as e:  # one format's failure is a row, not the end of the table
                 row.status = f"failed: {one_line(e)}"
@@ -285,8 +301,9 @@ def benchmark_checkpoint(
             row.latency_median_ms = statistics.median(lat[row.format])
             row.latency_p90_ms = float(np.percentile(lat[row.format], 90))
             row.throughput_img_s = len(xb) / statistics.median(tb[row.format]) * 1e3
-            ceiling = ceilings["bf16" if row.format == "torch-bf16" else "fp32"]
+            ceiling = ceilings["bf16" if row.format.endswith("-bf16") else "fp32"]
             row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
+    uses_openvino = any(f.startswith("openvino") for f in opts.formats)
     return {
         "checkpoint": os.path.abspath(checkpoint),
         "model_name": source.model_name,
@@ -302,6 +319,7 @@ def benchmark_checkpoint(
             **source.describe()["versions"],
             "onnx": onnx.__version__,
             "onnxruntime": ort.__version__,
+            **({"openvino": openvino_version()} if uses_openvino else {}),
         },
         "settings": {k: v for k, v in asdict(opts).items() if k != "formats"},
         "rows": [asdict(r) for r in rows],
@@ -363,7 +381,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         "Δ, agreement and max abs diff are against fp32 PyTorch.",
         "GFLOPs count 1 multiply-add as 2 FLOPs (matmul, conv, attention; torch FlopCounterMode). "
         f"% of peak = GFLOPs/img x b{result['batch']} img/s over the measured "
-        f"{s['ceiling_size']}² matmul ceiling in GFLOP/s ({ceil}): bf16 for torch-bf16, "
+        f"{s['ceiling_size']}² matmul ceiling in GFLOP/s ({ceil}): bf16 for the -bf16 rows, "
         "fp32 for every other row, int8 included.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""OpenVINO as a second runtime for the exported ONNX file (the ``openvino`` extra).
+
+OpenVINO reads the same ``model.onnx`` that onnxruntime runs, so the benchmark compares the
+runtimes on one graph. Its CPU plugin picks bf16 by itself on CPUs with bf16 units, which
+would make an "fp32" row quietly lossy: the precision is always set explicitly, and the row
+reports the precision the compiled model actually runs in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .source import Runner
+
+__all__ = ["OV_PRECISIONS", "openvino_runner", "openvino_version"]
+
+OV_PRECISIONS = {"f32": "fp32", "bf16": "bf16"}  # OpenVINO's hint value -> our name
+
+
+def _openvino() -> Any:
+    try:
+        import openvino
+    except ImportError:
+        raise RuntimeError(
+            "openvino is not installed; pip install -e '.[openvino]' to benchmark it"
+        ) from None
+    return openvino
+
+
+def openvino_version() -> str | None:
+    """The installed OpenVINO's version, or None without it."""
+    try:
+        return _openvino().__version__
+    except RuntimeError:
+        return None
+
+
+def openvino_runner(path: str | Path, threads: int, precision: str = "f32") -> tuple[Runner, str]:
+    """Compile ``path`` for the CPU plugin: ``(runner, precision it runs in)``.
+
+    Args:
+        path: An ONNX file (external data beside it).
+        threads: Inference threads, one stream (latency mode, as the other formats run).
+        precision: ``"f32"`` (parity with PyTorch) or ``"bf16"``.
+    """
+    if precision not in OV_PRECISIONS:
+        raise ValueError(f"OpenVINO precision {precision!r} is unknown; expected f32 or bf16")
+    ov = _openvino()
+    config = {
+        "INFERENCE_PRECISION_HINT": precision,
+        "INFERENCE_NUM_THREADS": threads,
+        "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    used = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32" | "bf16"
+    request = compiled.create_infer_request()
+    outputs = list(compiled.outputs)
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        res = request.infer({0: x.detach().float().contiguous().numpy()})
+        # the request reuses its output buffers on the next call: copy them out
+        return [torch.from_numpy(res[o].copy()) for o in outputs]
+
+    return run, OV_PRECISIONS.get(used, used)
