@@ -274,6 +274,10 @@ def test_openvino_rows_meet_fp32_parity_and_report_their_precision(
     for r in (ov, bf16):
         assert r["latency_median_ms"] > 0 and r["throughput_img_s"] > 0
     assert result["versions"]["openvino"] and "bf16" in result["ceiling_gflops"]
+    strict = BenchOptions.quick(formats=("openvino",), threads=1, atol=1e-9)
+    (row,) = benchmark_checkpoint(vit_export / "vit_mnist.pt", strict, log=lambda _: None)["rows"]
+    assert row["status"].startswith("exported but parity failed: max abs diff")
+    assert "> 1e-09 on the val images" in row["status"] and row["latency_median_ms"] > 0
 
 
 def test_openvino_missing_is_a_failed_row_with_the_install_hint(
