@@ -124,6 +124,7 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
         "calib_data": args.calib_data,
         "calib_size": args.calib_size,
         "ema": args.ema,
+        "atol": args.atol,
     }
     given = {k: v for k, v in given.items() if v is not None}
     opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
@@ -215,6 +216,7 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm.add_argument("--opset", type=int)
     bm.add_argument("--calib-data")
     bm.add_argument("--calib-size", type=int)
+    bm.add_argument("--atol", type=float, help="fp32 parity tolerance (default 1e-4)")
     bm.add_argument("--keep-exports", help="keep the exported files in this folder")
     bm.add_argument("--overwrite", action="store_true")
     _add_ema(bm)
