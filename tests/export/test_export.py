@@ -303,6 +303,10 @@ def test_openvino_missing_is_a_failed_row_with_the_install_hint(
     assert torch_row["status"] == "ok" and torch_row["latency_median_ms"] > 0
     assert ov["status"].startswith("failed: RuntimeError") and "[openvino]" in ov["status"]
     assert ov["latency_median_ms"] is None and result["versions"]["openvino"] is None
+    from vision_tfm.export.openvino import openvino_runner
+
+    with pytest.raises(ValueError, match="'int8' is unknown; expected fp32 or bf16"):
+        openvino_runner(vit_export / "model.onnx", 1, "int8")
 
 
 @pytest.mark.parametrize("case", ["opset", "calib", "exists", "unknown_model", "stale_weights"])

@@ -193,7 +193,7 @@ class _Formats:
         if fmt.startswith("openvino"):
             path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
             want = "bf16" if fmt.endswith("-bf16") else "fp32"
-            runner, runs_in = openvino_runner(path, threads, "bf16" if want == "bf16" else "f32")
+            runner, runs_in = openvino_runner(path, threads, want)
             status = "ok" if runs_in == want else f"ok: runs {runs_in} (no {want} on this CPU)"
             return runner, status, size_mb(path)
         opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset

@@ -4,6 +4,10 @@ OpenVINO reads the same ``model.onnx`` that onnxruntime runs, so the benchmark c
 runtimes on one graph. Its CPU plugin picks bf16 by itself on CPUs with bf16 units, which
 would make an "fp32" row quietly lossy: the precision is always set explicitly, and the row
 reports the precision the compiled model actually runs in.
+
+Loaded into a process that later ran ``torch.compile``, the CPU plugin made that compile
+segfault (seen in this test suite): the benchmark never compiles, and the tests run OpenVINO
+in a child process.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from .source import Runner
 
 __all__ = ["OV_PRECISIONS", "openvino_runner", "openvino_version"]
 
-OV_PRECISIONS = {"f32": "fp32", "bf16": "bf16"}  # OpenVINO's hint value -> our name
+OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our name -> OpenVINO's hint value
 
 
 def _openvino() -> Any:
@@ -38,19 +42,19 @@ def openvino_version() -> str | None:
         return None
 
 
-def openvino_runner(path: str | Path, threads: int, precision: str = "f32") -> tuple[Runner, str]:
-    """Compile ``path`` for the CPU plugin: ``(runner, precision it runs in)``.
+def openvino_runner(path: str | Path, threads: int, precision: str = "fp32") -> tuple[Runner, str]:
+    """Compile ``path`` for the CPU plugin: ``(runner, the precision it really runs in)``.
 
     Args:
         path: An ONNX file (external data beside it).
         threads: Inference threads, one stream (latency mode, as the other formats run).
-        precision: ``"f32"`` (parity with PyTorch) or ``"bf16"``.
+        precision: ``"fp32"`` (parity with PyTorch) or ``"bf16"``.
     """
     if precision not in OV_PRECISIONS:
-        raise ValueError(f"OpenVINO precision {precision!r} is unknown; expected f32 or bf16")
+        raise ValueError(f"OpenVINO precision {precision!r} is unknown; expected fp32 or bf16")
     ov = _openvino()
     config = {
-        "INFERENCE_PRECISION_HINT": precision,
+        "INFERENCE_PRECISION_HINT": OV_PRECISIONS[precision],
         "INFERENCE_NUM_THREADS": threads,
         "NUM_STREAMS": 1,
         "PERFORMANCE_HINT": "LATENCY",
@@ -65,4 +69,4 @@ def openvino_runner(path: str | Path, threads: int, precision: str = "f32") -> t
         # the request reuses its output buffers on the next call: copy them out
         return [torch.from_numpy(res[o].copy()) for o in outputs]
 
-    return run, OV_PRECISIONS.get(used, used)
+    return run, {v: k for k, v in OV_PRECISIONS.items()}.get(used, used)
