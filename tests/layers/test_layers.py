@@ -62,6 +62,24 @@ def test_bf16_on_cpu_takes_explicit_path_and_matches_fp32(monkeypatch):
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=0)
 
 
+def test_windowed_attention_gradients_match_a_manual_reference():
+    torch.manual_seed(0)
+    attn = Attention(16, 2)
+    x = torch.randn(2, 3, 7, 16, requires_grad=True)  # (B, windows, N, C): the training path
+    bias = torch.randn(3, 2, 7, 7)
+    attn(x, bias=bias).square().sum().backward()
+    got = [x.grad, attn.qkv.weight.grad, attn.proj.weight.grad]
+    x2 = x.detach().clone().requires_grad_()
+    for p in attn.parameters():
+        p.grad = None
+    q, k, v = attn.qkv(x2).reshape(2, 3, 7, 3, 2, 8).permute(3, 0, 1, 4, 2, 5)
+    w = torch.softmax(q @ k.transpose(-1, -2) * 8**-0.5 + bias, -1)
+    out = attn.proj((w @ v).transpose(2, 3).reshape(2, 3, 7, 16))
+    out.square().sum().backward()
+    for a, b in zip(got, [x2.grad, attn.qkv.weight.grad, attn.proj.weight.grad]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_attention_matches_manual_softmax():
     torch.manual_seed(0)
     attn = Attention(8, 2, qkv_bias=False).eval()

@@ -130,6 +130,11 @@ class Attention(nn.Module):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
             attn = None
         else:
+            if q.requires_grad and not torch.compiler.is_compiling():
+                # Eager training: q, k, v as contiguous blocks rather than strided views of qkv
+                # made Swin-T fp32 training steps ~5% faster (bf16 ~1%); in inference the strided
+                # views measured 4-7% faster, and graphs (compile, export) need neither.
+                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (..., h, N, N)
             if attn_bias is not None:
                 logits = logits + attn_bias
