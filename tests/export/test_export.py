@@ -394,6 +394,7 @@ def test_flops_follow_the_two_per_multiply_add_convention() -> None:
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate: str) -> None:
     """At opset 18 (no Gelu op) GELU is written out so that onnxruntime fuses it to one node."""
+    import onnx
     import onnxruntime as ort
 
     from vision_tfm.export.onnx import export_onnx, ort_runner
@@ -408,8 +409,6 @@ def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate:
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "opt.onnx")
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    import onnx
-
     ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
     assert not {"Erf", "Tanh"} & set(ops), ops
     assert {"Gelu", "BiasGelu", "FastGelu"} & set(ops), ops

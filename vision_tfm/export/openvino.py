@@ -22,6 +22,7 @@ from .source import Runner
 __all__ = ["OV_PRECISIONS", "openvino_runner", "openvino_version"]
 
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our name -> OpenVINO's hint value
+_OUR_NAME = {v: k for k, v in OV_PRECISIONS.items()}
 
 
 def _openvino() -> Any:
@@ -69,4 +70,4 @@ def openvino_runner(path: str | Path, threads: int, precision: str = "fp32") -> 
         # the request reuses its output buffers on the next call: copy them out
         return [torch.from_numpy(res[o].copy()) for o in outputs]
 
-    return run, {v: k for k, v in OV_PRECISIONS.items()}.get(used, used)
+    return run, _OUR_NAME.get(used, used)

@@ -107,16 +107,10 @@ class Attention(nn.Module):
             k = apply_rope(k, rope, num_prefix_tokens)
         attn_bias = merge_bias_and_mask(bias, mask, q.dtype)
 
-        # Windows under autograd: SDPA's backward would run on the folded, materialised bias
-        # (below) through its math path; broadcasting the bias explicitly makes a Swin-T training
-        # step 1.1-1.3x faster. Without autograd the folded SDPA is as fast or faster.
-        windowed_grad = q.dim() > 4 and q.requires_grad
-        # bf16 on CPU: SDPA's kernels lose to two bf16 matmuls around a softmax (ViT-S layer at
-        # batch 16: 1.7x faster forward, 2.3x forward+backward; Swin-T windows 1.7x / 9x).
-        cpu_bf16 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
-        if self.fused and not (return_attn or self.store_attn or windowed_grad or cpu_bf16):
+        if self._fused_wins(q, return_attn):
             drop = self.attn_drop.p if self.training else 0.0
-            if q.dim() > 4:
+            folded = q.dim() > 4
+            if folded:
                 # CPU SDPA kernels take (B, h, N, d); more leading dims fall back to the slow
                 # math path (2x slower on Swin windows). Fold them, expanding the bias to match.
                 lead_shape = q.shape[:-3]
@@ -124,10 +118,8 @@ class Attention(nn.Module):
                     full = (*q.shape[:-1], k.shape[-2])  # (..., h, N, N)
                     attn_bias = attn_bias.expand(full).reshape(-1, *full[-3:])
                 q, k, v = q.flatten(0, -4), k.flatten(0, -4), v.flatten(0, -4)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
-                out = out.unflatten(0, lead_shape)  # (..., h, N, d)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
+            out = out.unflatten(0, lead_shape) if folded else out  # (..., h, N, d)
             attn = None
         else:
             if q.requires_grad and not torch.compiler.is_compiling():
@@ -146,6 +138,21 @@ class Attention(nn.Module):
         out = out.transpose(-3, -2).reshape(*lead, N, C)  # (..., N, C)
         out = self.proj_drop(self.proj(out))
         return (out, attn) if return_attn else out
+
+    def _fused_wins(self, q: torch.Tensor, return_attn: bool) -> bool:
+        """SDPA unless the weights are wanted or the explicit path measured faster, which is:
+
+        - windows (extra leading dims) under autograd: SDPA's backward would run on the folded,
+          materialised bias through its math path; broadcasting the bias explicitly makes a
+          Swin-T training step 1.1-1.3x faster (without autograd the folded SDPA is as fast);
+        - bf16 on CPU: SDPA's kernels lose to two bf16 matmuls around a softmax (ViT-S layer at
+          batch 16: 1.7x faster forward, 2.3x forward+backward; Swin-T windows 1.7x / 9x).
+        """
+        if not self.fused or return_attn or self.store_attn:
+            return False
+        windowed_grad = q.dim() > 4 and q.requires_grad
+        cpu_bf16 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+        return not (windowed_grad or cpu_bf16)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, head_dim={self.head_dim}, fused={self.fused}"
