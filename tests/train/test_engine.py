@@ -104,11 +104,29 @@ class _NanTask(ClassificationTask):
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     cfg = tiny_cfg(tmp_path)
     trainer = Trainer(cfg, _NanTask(cfg, nan_at=6))  # 4 steps per epoch: NaN in epoch 2
-    with pytest.raises(NonFiniteLossError, match="loss became nan at epoch 2"):
+    with pytest.raises(NonFiniteLossError, match="loss became nan at epoch 2") as e_info:
         trainer.fit()
     ck = load_checkpoint(trainer.run_dir / "last.pt")
     assert ck["state"]["epoch"] == 1
     assert all(torch.isfinite(v).all() for v in ck["model"].values())
+    assert "last good checkpoint kept" in str(e_info.value)
+
+
+def test_nan_loss_before_any_checkpoint_says_so(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    trainer = Trainer(cfg, _NanTask(cfg, nan_at=2))
+    with pytest.raises(
+        NonFiniteLossError, match=r"step 2; stopping \(no checkpoint yet\)"
+    ):
+        trainer.fit()
+    assert not (trainer.run_dir / "last.pt").exists()
+
+
+def test_training_split_smaller_than_a_batch_is_refused(tmp_path):
+    cfg = tiny_cfg(tmp_path, **{"data.train_subset": 10, "data.batch_size": 64})
+    with pytest.raises(ValueError, match=r"training split has 10 images, fewer than one batch"):
+        Trainer(cfg, ClassificationTask(cfg)).fit()
+    assert not list(tmp_path.iterdir())  # no run dir left behind
 
 
 class _InterruptTask(ClassificationTask):

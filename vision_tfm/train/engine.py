@@ -362,6 +362,12 @@ class Trainer:
 
     def _fit(self) -> dict[str, float]:
         cfg, s = self.cfg, self.state
+        if self._num_batches() == 0:
+            # full batches only (drop_last), so a split smaller than one batch trains nothing
+            raise ValueError(
+                f"the training split has {len(self.train_ds)} images, fewer than one batch "
+                f"(data.batch_size={self.task.batch_size} per process); lower data.batch_size"
+            )
         self._prepare_run_dir()
         logger = MetricLogger(self.run_dir, cfg.run.tensorboard) if is_main() else None
         if is_main():
@@ -460,9 +466,13 @@ class Trainer:
             with self._autocast():
                 loss, n = self.task.loss(self.train_model, batch, self.device)
             if not torch.isfinite(loss):
+                last = self.run_dir / "last.pt"
+                kept = (
+                    f"last good checkpoint kept: {last}" if last.exists() else "no checkpoint yet"
+                )
                 raise NonFiniteLossError(
                     f"loss became {loss.item()} at epoch {epoch + 1}, step {s.step_in_epoch + 1}; "
-                    f"stopping (last good checkpoint kept: {self.run_dir / 'last.pt'})"
+                    f"stopping ({kept})"
                 )
             self.scaler.scale(loss / accum).backward()
             s.step_in_epoch += 1
