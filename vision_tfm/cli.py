@@ -21,10 +21,46 @@ def _load_cls(ckpt_path: str, ema: bool | None):
     return model, ckpt["meta"], eval_data_config(cfg, ckpt["meta"])
 
 
+def _check_count(flag: str, value: int) -> None:
+    """A count flag below 1 would print nothing (0) or, sliced from the end, nearly everything."""
+    if value < 1:
+        raise ValueError(f"{flag} must be >= 1, got {value}")
+
+
+def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) -> Path:
+    """The PNG path that will really be written, checked before any work.
+
+    With no extension ``.png`` is added (matplotlib would add it while saving, so the
+    existence check and the printed path must see it). A folder is refused, as by
+    ``vtfm export``; missing parent folders are created when the file is written.
+    """
+    if out is None:
+        path = Path(Path(image).with_suffix("").name + default_suffix)
+    else:
+        path = Path(out)
+        if path.is_dir():
+            raise ValueError(f"--out: {path} is a folder; give the .png file path")
+        if not path.suffix:
+            path = path.with_name(path.name + ".png")
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"--out must end in .png, got {out}")
+    if path.is_dir():
+        raise ValueError(f"--out: {path} is a folder; give the .png file path")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    if not folder.is_dir():
+        raise ValueError(f"--out: cannot create a folder under {folder}: it is a file")
+    if path.exists() and path.resolve() == Path(image).resolve():
+        raise ValueError(f"--out: {path} is the input image")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+    return path
+
+
 def cmd_predict(args: argparse.Namespace) -> None:
-    """Print the top-5 classes of one image."""
+    """Print the top-k classes of one image."""
     from .data import build_eval_transform, load_image
 
+    _check_count("--topk", args.topk)
     model, meta, dcfg = _load_cls(args.checkpoint, args.ema)
     img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
     x = build_eval_transform(dcfg)(img)[None]
@@ -39,15 +75,15 @@ def cmd_predict(args: argparse.Namespace) -> None:
 def cmd_attention(args: argparse.Namespace) -> None:
     """Write an attention-rollout heat map over the image."""
     from .data import build_eval_transform, load_image
-    from .viz import attention_rollout, save_heatmap_overlay
+    from .viz import attention_rollout, check_discard_ratio, save_heatmap_overlay
 
+    check_discard_ratio(args.discard_ratio)
+    out = _out_png(args.out, args.image, "_attention.png", args.overwrite)
     model, meta, dcfg = _load_cls(args.checkpoint, args.ema)
     img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
     x = build_eval_transform(dcfg)(img)[None]
     heat = attention_rollout(model, x, discard_ratio=args.discard_ratio)[0]
-    out = Path(args.out or Path(args.image).with_suffix("").name + "_attention.png")
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
     save_heatmap_overlay(img, heat, out)
     print(f"wrote {out}")
 
@@ -56,9 +92,8 @@ def cmd_grasp(args: argparse.Namespace) -> None:
     """Print the top grasps on one view and write an overlay PNG."""
     from .train.grasp import draw_grasps, predict_grasps
 
-    out = Path(args.out or Path(args.image).with_suffix("").name + "_grasps.png")
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    _check_count("--top", args.top)
+    out = _out_png(args.out, args.image, "_grasps.png", args.overwrite)
     grasps, image = predict_grasps(args.checkpoint, args.image, args.depth, args.top, args.ema)
     print(f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}")
     for g in grasps:
@@ -66,6 +101,7 @@ def cmd_grasp(args: argparse.Namespace) -> None:
             f"{g.x:8.1f} {g.y:8.1f} {math.degrees(g.angle):10.1f} {g.opening:8.1f} "
             f"{g.jaw:8.1f} {g.quality:8.3f}"
         )
+    out.parent.mkdir(parents=True, exist_ok=True)
     draw_grasps(image, grasps, None, out)
     print(f"wrote {out}")
 
@@ -100,6 +136,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         val_images=args.val_images,
         overwrite=args.overwrite,
         ema=args.ema,
+        data=args.data,
     )
     export_checkpoint(args.checkpoint, opts)
 
@@ -112,6 +149,9 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
 
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / "benchmark"
     refuse_existing([out / n for n in TABLE_FILES], args.overwrite)
+    keep = Path(args.keep_exports) if args.keep_exports else None
+    if keep is not None and keep.exists() and any(keep.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"--keep-exports: {keep} is not empty; pass --overwrite to reuse it")
     given = {
         "formats": tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         "threads": args.threads,
@@ -125,6 +165,7 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
         "calib_size": args.calib_size,
         "ema": args.ema,
         "atol": args.atol,
+        "data": args.data,
     }
     given = {k: v for k, v in given.items() if v is not None}
     opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
@@ -136,20 +177,33 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+_OUT_HELP = (
+    "PNG file to write; .png is added when there is no extension, missing folders are "
+    "created, an existing folder is refused"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vtfm", description="vision_tfm command line")
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("predict", help="top-k classes of an image")
     pr.add_argument("image")
     pr.add_argument("--checkpoint", required=True)
-    pr.add_argument("--topk", type=int, default=5)
+    pr.add_argument(
+        "--topk", type=int, default=5, help="classes to print, >= 1 (capped at the class count)"
+    )
     _add_ema(pr)
     pr.set_defaults(fn=cmd_predict)
     at = sub.add_parser("attention", help="ViT attention-rollout heat map as a PNG")
     at.add_argument("image")
     at.add_argument("--checkpoint", required=True)
-    at.add_argument("--out", help="PNG path (default: <image>_attention.png)")
-    at.add_argument("--discard-ratio", type=float, default=0.0)
+    at.add_argument("--out", help=f"{_OUT_HELP} (default: <image>_attention.png)")
+    at.add_argument(
+        "--discard-ratio",
+        type=float,
+        default=0.0,
+        help="fraction in [0, 1) of the weakest attention links dropped per layer",
+    )
     at.add_argument("--overwrite", action="store_true")
     _add_ema(at)
     at.set_defaults(fn=cmd_attention)
@@ -157,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("image")
     gr.add_argument("--depth", help="depth TIFF (needed by depth / RGB-D models)")
     gr.add_argument("--checkpoint", required=True)
-    gr.add_argument("--top", type=int, default=5, help="number of grasps")
-    gr.add_argument("--out", help="PNG path (default: <image>_grasps.png)")
+    gr.add_argument("--top", type=int, default=5, help="number of grasps, >= 1")
+    gr.add_argument("--out", help=f"{_OUT_HELP} (default: <image>_grasps.png)")
     gr.add_argument("--overwrite", action="store_true")
     _add_ema(gr)
     gr.set_defaults(fn=cmd_grasp)
@@ -173,6 +227,14 @@ def _add_ema(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="use the EMA (or, with --no-ema, the raw) weights; default: what the run shipped",
+    )
+
+
+def _add_data(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data",
+        help="dataset folder for the val (and calibration) images; default: the checkpoint's "
+        "data.root, which is relative to where training ran",
     )
 
 
@@ -192,6 +254,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--parity-images", type=int, default=16, help="val images per parity check")
     ex.add_argument("--val-images", type=int, default=0, help="int8 scoring images (0 = all)")
     ex.add_argument("--overwrite", action="store_true")
+    _add_data(ex)
     _add_ema(ex)
     ex.set_defaults(fn=cmd_export)
 
@@ -217,8 +280,9 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm.add_argument("--calib-data")
     bm.add_argument("--calib-size", type=int)
     bm.add_argument("--atol", type=float, help="fp32 parity tolerance (default 1e-4)")
-    bm.add_argument("--keep-exports", help="keep the exported files in this folder")
+    bm.add_argument("--keep-exports", help="keep the exported files (+ JSON) in this folder")
     bm.add_argument("--overwrite", action="store_true")
+    _add_data(bm)
     _add_ema(bm)
     bm.set_defaults(fn=cmd_benchmark)
 
@@ -227,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.fn(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

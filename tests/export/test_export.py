@@ -58,12 +58,12 @@ def cls_checkpoint(path: Path, name: str, model_name: str | None = None) -> Path
     return ckpt
 
 
-def grasp_checkpoint(path: Path) -> Path:
+def grasp_checkpoint(path: Path, root: str | None = None) -> Path:
     """A tiny RGB-D grasp model over the 3-view Cornell fixture at 32x32."""
     over = {
         "model.name": "grasp_hybrid_t",
         "model.kwargs": TINY["grasp_hybrid_t"],
-        "data.root": str(FIXTURES / "cornell"),
+        "data.root": root or str(FIXTURES / "cornell"),
         "data.output_size": 32,
         "data.train_frac": 0.67,
     }
@@ -188,6 +188,47 @@ def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:
     assert [o.name for o in sess.get_outputs()] == ["quality", "cos", "sin", "width"]
     meta = json.loads((tmp_path / "model.json").read_text())
     assert meta["task"] == "grasp" and meta["parity"]["ok"] and meta["in_chans"] == 4
+    assert meta["preprocess"]["channels"] == ["R", "G", "B", "D"]
+    assert meta["preprocess"]["resize"] == [32, 32] and "inpaint" in meta["preprocess"]["depth"]
+
+
+def test_data_root_that_moved_is_named_and_data_points_at_it(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Training stores data.root as given (often relative); export from elsewhere says so."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = grasp_checkpoint(tmp_path, root="../elsewhere/cornell")
+    err = fail(capsys, "export", "--checkpoint", ckpt)
+    assert "data.root ../elsewhere/cornell does not exist" in err and "--data" in err
+    assert not (tmp_path / "model.onnx").exists()
+    vtfm("export", "--checkpoint", ckpt, "--data", FIXTURES / "cornell")
+    assert json.loads((tmp_path / "model.json").read_text())["parity"]["ok"]
+    err = fail(capsys, "export", "--checkpoint", ckpt, "--data", "nowhere", "--overwrite")
+    assert "--data: nowhere does not exist" in err
+
+
+def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
+    tmp_path: Path, capsys
+) -> None:
+    ckpt = cls_checkpoint(tmp_path, "vit_mnist")
+    common = ("export", "--checkpoint", ckpt, "--dynamic", "none", "--img-size", "28x42")
+    vtfm(*common, "--int8", "dynamic", "--val-images", "32")
+    meta = json.loads((tmp_path / "model.json").read_text())
+    assert meta["img_size"] == [28, 42] and meta["input_shape"] == [1, 1, 28, 42]
+    assert meta["train_img_size"] == [28, 28]
+    pre = meta["preprocess"]
+    assert pre["resize_short_side"] == 28 and pre["center_crop"] == [28, 28]
+    assert "INTER_CUBIC" in pre["interpolation"] and pre["channels"].startswith("gray")
+    assert (tmp_path / "model-int8-dynamic.onnx").is_file()
+    capsys.readouterr()
+    vtfm(*common[:4], "batch", "--overwrite")  # the fp32 model changes; its int8 would lie
+    assert "removed" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "model.json",
+        "model.onnx",
+        "model.onnx.data",
+        "vit_mnist.pt",
+    ]
 
 
 def test_failed_parity_exits_nonzero_says_by_how_much_and_writes_nothing(
@@ -210,7 +251,8 @@ def test_failed_parity_exits_nonzero_says_by_how_much_and_writes_nothing(
     )
     shutil.copy(vit_export / "vit_mnist.pt", tmp_path / "vit_mnist.pt")
     err = fail(capsys, "export", "--checkpoint", tmp_path / "vit_mnist.pt", "--dynamic", "batch,hw")
-    assert "parity FAILED: max abs diff 1.00e-03 > 1e-04" in err and "over by 9.00e-04" in err
+    assert "parity failed: max abs diff 1.00e-03 > 1e-04" in err and "over by 9.00e-04" in err
+    assert "trace size" not in err  # it failed there too: not a shape-specialisation problem
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vit_mnist.pt"]
 
 
@@ -235,6 +277,8 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
         tmp_path / "b",
         "--calib-data",
         empty,
+        "--keep-exports",
+        tmp_path / "k",
     )
     vtfm(*args)
     out = capsys.readouterr().out
@@ -258,6 +302,11 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert (tmp_path / "b" / "benchmark.md").read_text().startswith("| format |")
     err = fail(capsys, *args)  # the tables exist now: refused before any work
     assert "exists; pass --overwrite" in err
+    kept = json.loads((tmp_path / "k" / "model-opset18.json").read_text())
+    assert kept["format"] == "onnx" and kept["opset"] == 18 and kept["preprocess"]
+    assert json.loads((tmp_path / "k" / "onnx-int8-dynamic.json").read_text())["file"]
+    err = fail(capsys, *args[:-6], "--out", tmp_path / "b2", *args[-4:])
+    assert "--keep-exports" in err and "is not empty; pass --overwrite" in err
 
 
 def openvino_benchmark(ckpt: Path, out: Path, formats: str, *extra: str) -> dict:
@@ -309,7 +358,20 @@ def test_openvino_missing_is_a_failed_row_with_the_install_hint(
         openvino_runner(vit_export / "model.onnx", 1, "int8")
 
 
-@pytest.mark.parametrize("case", ["opset", "calib", "exists", "unknown_model", "stale_weights"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "opset",
+        "calib",
+        "calib_empty",
+        "calib_size",
+        "parity_images",
+        "out_folder",
+        "exists",
+        "unknown_model",
+        "stale_weights",
+    ],
+)
 def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) -> None:
     unknown = "vit_giant_imaginary"
     ckpt = cls_checkpoint(
@@ -321,18 +383,28 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) ->
         atomic_save(saved, ckpt)
     taken = tmp_path / "taken.onnx"
     taken.write_text("keep me")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "folder.onnx").mkdir()
     extra, message = {
         "opset": (["--opset", "17"], "unsupported opset 17"),
         "calib": (
             ["--int8", "static", "--calib-data", tmp_path / "nowhere"],
             "calibration data not found",
         ),
+        "calib_empty": (  # found before the export runs
+            ["--int8", "static", "--calib-data", tmp_path / "empty", "--out", tmp_path / "e.onnx"],
+            "no calibration images",
+        ),
+        "calib_size": (["--int8", "static", "--calib-size", "0"], "--calib-size must be >= 1"),
+        "parity_images": (["--parity-images", "0"], "--parity-images must be >= 1"),
+        "out_folder": (["--out", tmp_path / "folder.onnx"], "is a folder; give the .onnx file"),
         "exists": (["--out", taken], f"{taken} exists; pass --overwrite"),
         "unknown_model": ([], f"unknown model name {unknown!r}"),
         "stale_weights": ([], "the weights do not fit the registered 'vit_mnist' (size mismatch"),
     }[case]
     assert message in fail(capsys, "export", "--checkpoint", ckpt, *extra)
     assert taken.read_text() == "keep me"
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".vtfm-export-*"))
 
 
 def test_calibration_reads_idx_and_image_folders(tmp_path: Path) -> None:
@@ -382,7 +454,7 @@ def test_flops_follow_the_two_per_multiply_add_convention() -> None:
 
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     assert count_flops(model, torch.zeros(4, 32)) == 2 * (32 * 64 + 64 * 8)
-    assert matmul_ceiling(torch.float32, threads=1, n=64, seconds=0.0) > 0
+    assert matmul_ceiling(torch.float32, threads=1, sizes=(64,), seconds=0.0) > 0
     calls: list[str] = []
     fns = {k: (lambda x, k=k: calls.append(k)) for k in ("a", "b")}
     times = time_runs(fns, torch.zeros(1), warmup=3, runs=7, seconds=0.0, round_calls=2)

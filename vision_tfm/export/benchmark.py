@@ -85,9 +85,10 @@ class BenchOptions:
     atol: float = 1e-4
     calib_data: str | None = None
     calib_size: int = 256
-    ceiling_size: int = 2048  # side of the square matmul that measures the machine's peak
-    ceiling_seconds: float = 1.0  # time spent on that matmul per dtype
+    ceiling_sizes: tuple[int, ...] = (512, 1024, 2048)  # square matmuls timed for the peak
+    ceiling_seconds: float = 1.0  # time spent on each of them per dtype
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
+    data: str | None = None  # dataset folder replacing the checkpoint's data.root
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchOptions:
@@ -98,20 +99,24 @@ class BenchOptions:
             seconds=0.0,
             val_images=64,
             calib_size=32,
-            ceiling_size=256,
-            ceiling_seconds=0.05,
+            ceiling_sizes=(256, 512),
+            ceiling_seconds=0.2,
         )
         return cls(**{**base, **kw})
 
     def validate(self) -> None:
+        if not self.formats:
+            raise ValueError(f"--formats: none given; choose from {', '.join(FORMATS)}")
         unknown = [f for f in self.formats if f not in FORMATS]
-        if unknown or not self.formats:
+        if unknown:
             raise ValueError(f"--formats: unknown {unknown}; choose from {', '.join(FORMATS)}")
         check_opset(self.opset)
         if self.calib_data is not None and not Path(self.calib_data).exists():
             raise FileNotFoundError(f"calibration data not found: {self.calib_data}")
-        if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.warmup < 0:
-            raise ValueError("--threads, --batch and --runs must be >= 1, --warmup >= 0")
+        if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.calib_size < 1:
+            raise ValueError("--threads, --batch, --runs and --calib-size must be >= 1")
+        if self.warmup < 0 or self.val_images < 0 or self.seconds < 0:
+            raise ValueError("--warmup, --val-images and --seconds must be >= 0")
 
 
 @dataclass
@@ -174,6 +179,16 @@ class _Formats:
     def __init__(self, source: ExportSource, opts: BenchOptions, workdir: Path) -> None:
         self.source, self.opts, self.workdir = source, opts, workdir
         self.exports: dict[int, tuple[Path, str] | Exception] = {}
+        self.files: dict[str, Path] = {}  # format -> the ONNX file it ran
+
+    def describe_files(self) -> None:
+        """A JSON beside each ONNX file (as ``vtfm export`` writes), for exports kept."""
+        info = self.source.describe()
+        for fmt, path in self.files.items():
+            meta = {**info, "format": fmt, "file": path.name, "opset": self.opts.opset}
+            if fmt == f"onnx-opset{ATTENTION_OPSET}":
+                meta["opset"] = ATTENTION_OPSET
+            path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
     def build(self, fmt: str) -> tuple[Runner, str, float]:
         """``(runner, status, size in MB)`` for one format."""
@@ -189,7 +204,8 @@ class _Formats:
             if mode == "static":
                 calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
             quantize_int8(fp32, path, mode, calib)
-            return ort_runner(ort_session(path, threads)), "ok", size_mb(path)
+            self.files[fmt] = path
+            return ort_runner(ort_session(path, threads, spin=False)), "ok", size_mb(path)
         if fmt.startswith("openvino"):
             path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
             want = "bf16" if fmt.endswith("-bf16") else "fp32"
@@ -198,7 +214,8 @@ class _Formats:
             return runner, status, size_mb(path)
         opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset
         path, status = self.onnx(opset)
-        return ort_runner(ort_session(path, threads)), status, size_mb(path)
+        self.files[fmt] = path
+        return ort_runner(ort_session(path, threads, spin=False)), status, size_mb(path)
 
     def onnx(self, opset: int) -> tuple[Path, str]:
         """The fp32 export at ``opset`` (dynamic batch, training size) and its parity status."""
@@ -254,7 +271,7 @@ def benchmark_checkpoint(
         log: Progress lines.
     """
     opts.validate()
-    source = load_source(checkpoint, opts.ema)
+    source = load_source(checkpoint, opts.ema, opts.data)
     with torch_threads(opts.threads), tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir) if workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -267,7 +284,7 @@ def benchmark_checkpoint(
         if any(f.endswith("-bf16") for f in opts.formats):
             dtypes["bf16"] = torch.bfloat16
         ceilings = {
-            k: matmul_ceiling(dt, opts.threads, opts.ceiling_size, opts.ceiling_seconds)
+            k: matmul_ceiling(dt, opts.threads, opts.ceiling_sizes, opts.ceiling_seconds)
             for k, dt in dtypes.items()
         }
         ref = source.evaluate(source.torch_runner(), batches)
@@ -303,6 +320,8 @@ def benchmark_checkpoint(
             row.throughput_img_s = len(xb) / statistics.median(tb[row.format]) * 1e3
             ceiling = ceilings["bf16" if row.format.endswith("-bf16") else "fp32"]
             row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
+        if workdir:
+            builder.describe_files()
     uses_openvino = any(f.startswith("openvino") for f in opts.formats)
     return {
         "checkpoint": os.path.abspath(checkpoint),
@@ -380,10 +399,26 @@ def markdown_table(result: dict[str, Any]) -> str:
         "passed, at batch 1 and again at the throughput batch. "
         "Δ, agreement and max abs diff are against fp32 PyTorch.",
         "GFLOPs count 1 multiply-add as 2 FLOPs (matmul, conv, attention; torch FlopCounterMode). "
-        f"% of peak = GFLOPs/img x b{result['batch']} img/s over the measured "
-        f"{s['ceiling_size']}² matmul ceiling in GFLOP/s ({ceil}): bf16 for the -bf16 rows, "
-        "fp32 for every other row, int8 included.",
+        f"% of peak = GFLOPs/img x b{result['batch']} img/s over the measured matmul ceiling "
+        f"in GFLOP/s ({ceil}; best of {', '.join(f'{n}²' for n in s['ceiling_sizes'])}): "
+        "bf16 for the -bf16 rows, fp32 for every other row, int8 included.",
     ]
+    if any(r["threads"] and r["threads"] > 1 for r in result["rows"]):
+        lines.append(
+            "onnxruntime runs with intra-op spinning off: spinning idle threads would take the "
+            "cores from the next format in the interleaved rounds (and slowed eager PyTorch "
+            "several-fold when it was on)."
+        )
+    over = [
+        r["format"]
+        for r in result["rows"]
+        if "int8" not in r["format"] and (r["pct_of_ceiling"] or 0) > 100
+    ]
+    if over:
+        lines.append(
+            f"Above 100% of the ceiling ({', '.join(over)}): the ceiling run was slowed by "
+            "other work on the machine, so read those % figures as too high."
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,7 @@ counted; norms, softmax and activations are left out, as every FLOP table does.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -39,24 +39,27 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 def matmul_ceiling(
-    dtype: torch.dtype = torch.float32, threads: int = 0, n: int = 2048, seconds: float = 1.0
+    dtype: torch.dtype = torch.float32,
+    threads: int = 0,
+    sizes: Sequence[int] = (512, 1024, 2048),
+    seconds: float = 1.0,
 ) -> float:
-    """Best FLOP/s of an ``n x n`` matmul in ``dtype`` on ``threads`` torch threads.
+    """Best FLOP/s of square matmuls in ``dtype`` on ``threads`` torch threads.
 
-    The best of several runs (not the mean) is the ceiling: a shared machine only ever
-    makes a run slower.
+    The best run (not the mean) over several sizes is the ceiling: a shared machine only ever
+    makes a run slower, and short runs are the likeliest to find the cores free. ``seconds``
+    is spent on each size.
     """
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    flops = 2.0 * n**3
-    best = float("inf")
+    best = 0.0
     with torch_threads(threads), torch.inference_mode():
-        torch.mm(a, b)  # warm up: allocation, kernel selection
-        start = time.perf_counter()
-        runs = 0
-        while runs < 3 or time.perf_counter() - start < seconds:
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            best = min(best, time.perf_counter() - t0)
-            runs += 1
-    return flops / best
+        for n in sizes:
+            a = torch.randn(n, n).to(dtype)
+            b = torch.randn(n, n).to(dtype)
+            torch.mm(a, b)  # warm up: allocation, kernel selection
+            start, runs = time.perf_counter(), 0
+            while runs < 3 or time.perf_counter() - start < seconds:
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
+                runs += 1
+    return best

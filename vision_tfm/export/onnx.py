@@ -235,12 +235,19 @@ def size_mb(path: str | Path) -> float:
     return sum(p.stat().st_size for p in model_files(path)) / 1e6
 
 
-def ort_session(path: str | Path, threads: int = 0) -> Any:
-    """A CPU onnxruntime session on ``threads`` intra-op threads (0 = onnxruntime's choice)."""
+def ort_session(path: str | Path, threads: int = 0, spin: bool = True) -> Any:
+    """A CPU onnxruntime session on ``threads`` intra-op threads (0 = onnxruntime's choice).
+
+    ``spin=False`` parks idle worker threads instead of letting them spin for the next run:
+    slower alone, but it leaves the cores to whatever runs in between (the benchmark's other
+    formats).
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 4  # fatal only: run errors are raised as exceptions anyway
@@ -272,6 +279,9 @@ class ParityCheck:
     def label(self) -> str:
         return "x".join(map(str, self.shape))
 
+    def ok(self, atol: float) -> bool:
+        return not self.error and self.max_abs_diff <= atol
+
 
 @dataclass
 class ParityReport:
@@ -282,9 +292,7 @@ class ParityReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.checks) and all(
-            not c.error and c.max_abs_diff <= self.atol for c in self.checks
-        )
+        return bool(self.checks) and all(c.ok(self.atol) for c in self.checks)
 
     @property
     def worst(self) -> float:
@@ -308,7 +316,7 @@ class ParityReport:
         if crashed:
             shapes = ", ".join(c.label() for c in crashed)
             parts.append(f"onnxruntime failed at {shapes}: {crashed[0].error[:160]}")
-        return "parity FAILED: " + "; ".join(parts)
+        return "parity failed: " + "; ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: a check that did not run has ``max_abs_diff`` None, not infinity."""

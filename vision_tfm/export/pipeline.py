@@ -33,7 +33,7 @@ from .onnx import (
 from .quantize import INT8_MODES, calibration_images, quantize_int8
 from .source import ExportSource, load_source
 
-__all__ = ["ExportOptions", "export_checkpoint", "int8_path", "refuse_existing"]
+__all__ = ["ExportOptions", "export_checkpoint", "export_files", "int8_path", "refuse_existing"]
 
 
 @dataclass
@@ -53,6 +53,7 @@ class ExportOptions:
     val_images: int = 0  # images scoring int8 against fp32; 0 = the whole val split
     overwrite: bool = False
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
+    data: str | None = None  # dataset folder replacing the checkpoint's data.root
 
 
 def int8_path(fp32: Path, mode: str) -> Path:
@@ -76,14 +77,30 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
         raise ValueError(f"--int8: unknown mode(s) {bad}; expected {', '.join(INT8_MODES)}")
     if opts.calib_data is not None and not Path(opts.calib_data).exists():
         raise FileNotFoundError(f"calibration data not found: {opts.calib_data}")
+    for name, value, least in (
+        ("--calib-size", opts.calib_size, 1),
+        ("--parity-images", opts.parity_images, 1),
+        ("--val-images", opts.val_images, 0),
+    ):
+        if value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
     out = Path(opts.out) if opts.out else Path(checkpoint).parent / "model.onnx"
     if out.suffix != ".onnx":
         raise ValueError(f"--out must end in .onnx, got {out}")
-    planned = [out, out.with_name(out.name + ".data"), out.with_suffix(".json")]
-    for mode in opts.int8:
-        planned += [int8_path(out, mode), int8_path(out, mode).with_suffix(".json")]
+    planned = export_files(out, opts.int8)
+    for p in planned:
+        if p.is_dir():
+            raise ValueError(f"--out: {p} is a folder; give the .onnx file path")
     refuse_existing(planned, opts.overwrite)
     return out, planned
+
+
+def export_files(out: Path, int8: tuple[str, ...] = INT8_MODES) -> list[Path]:
+    """Every file an export to ``out`` writes with these int8 modes (fp32 first)."""
+    files = [out, out.with_name(out.name + ".data"), out.with_suffix(".json")]
+    for mode in int8:
+        files += [int8_path(out, mode), int8_path(out, mode).with_suffix(".json")]
+    return files
 
 
 def _score_int8(
@@ -115,7 +132,10 @@ def export_checkpoint(
     """
     out, planned = _check_options(opts, checkpoint)
     dynamic = parse_dynamic(opts.dynamic)
-    source = load_source(checkpoint, opts.ema)
+    source = load_source(checkpoint, opts.ema, opts.data)
+    calib = None
+    if "static" in opts.int8:  # before the export: bad calibration data fails in seconds
+        calib = calibration_images(source, opts.calib_data, opts.calib_size)
     size = tuple(opts.img_size or source.img_size)
     if source.task == "grasp" and size != source.img_size and opts.int8:
         raise ValueError("grasp maps are scored at the training size; drop --img-size for int8")
@@ -137,10 +157,10 @@ def export_checkpoint(
         report = check_parity(ort_session(fp32), source.torch_runner(), inputs, opts.atol)
         if not report.ok:
             hint = ""
-            if "hw" in dynamic:
+            if "hw" in dynamic and report.checks[0].ok(opts.atol):
                 hint = (
-                    " (the graph was specialised to its trace size: export with --dynamic batch,"
-                    " and --img-size HxW for each size you need)"
+                    " (it holds at the trace size only, so the graph was specialised to it: "
+                    "export with --dynamic batch, and --img-size HxW for each size you need)"
                 )
             raise ParityError(f"{source.model_name}: {report.summary()}{hint}")
         log(f"{source.model_name}: {report.summary()}")
@@ -148,7 +168,7 @@ def export_checkpoint(
         meta = _metadata(source, out.name, fp32, dynamic, size, opts, attention)
         meta["parity"] = report.as_dict()
         if opts.int8:
-            meta["int8"] = _quantise(source, fp32, out, tmp, size, opts, log)
+            meta["int8"] = _quantise(source, fp32, out, tmp, size, opts, calib, log)
         for mode, result in meta.get("int8", {}).items():
             q = int8_path(out, mode)
             info = {k: v for k, v in meta.items() if k not in ("int8", "parity", "external_data")}
@@ -156,6 +176,11 @@ def export_checkpoint(
             _write_json(tmp / q.with_suffix(".json").name, info)
         _write_json(tmp / out.with_suffix(".json").name, meta)
         written = _install(tmp, out.parent, [p.name for p in planned])
+    if opts.overwrite:  # int8 files of the replaced export would describe another fp32 model
+        for p in export_files(out):
+            if p not in planned and p.exists():
+                p.unlink()
+                log(f"removed {p} (left from the export this one replaced)")
     log(f"wrote {', '.join(str(p) for p in written)}")
     return meta
 
@@ -178,6 +203,8 @@ def _metadata(
     hw = ["height", "width"] if "hw" in dynamic else list(size)
     return {
         **info,
+        "img_size": list(size),  # what the graph was exported (and checked) at
+        "train_img_size": info["img_size"],
         "format": "onnx",
         "file": name,
         "external_data": [p.name for p in model_files(fp32)[1:]],
@@ -196,12 +223,12 @@ def _quantise(
     tmp: Path,
     size: tuple[int, int],
     opts: ExportOptions,
+    calib: Any,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """Quantise in the staging folder and score each int8 file against fp32 PyTorch."""
-    calib = None
-    if "static" in opts.int8:
-        calib = resize(calibration_images(source, opts.calib_data, opts.calib_size), size)
+    if calib is not None:
+        calib = resize(calib, size)
     bs = 64 if "batch" in parse_dynamic(opts.dynamic) else 1
     batches = [(resize(b[0], size), *b[1:]) for b in source.batches("val", bs, opts.val_images)]
     ref = source.evaluate(source.torch_runner(), batches)

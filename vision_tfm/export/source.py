@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,13 @@ class ExportSource:
     def datasets(self) -> tuple[Dataset, Dataset]:
         """(train, val) with deterministic eval preprocessing; built once, then cached."""
         if self._data is None:
+            d = self.cfg.data
+            root = d.root if getattr(d, "name", None) != "mnist" else None  # mnist is embedded
+            if root and not Path(root).exists():
+                raise FileNotFoundError(
+                    f"{self.path}: its data.root {root} does not exist from here (a relative "
+                    "root is read from the current folder); pass --data with the dataset folder"
+                )
             self._data = _grasp_datasets(self.cfg) if self.task == "grasp" else self._cls_data()
         return self._data
 
@@ -191,7 +198,41 @@ class ExportSource:
                 width_scale=m.get("width_scale"),
                 crop_size=m.get("crop_size"),
             )
+        info["preprocess"] = self._preprocess()
         return info
+
+    def _preprocess(self) -> dict[str, Any]:
+        """The val pipeline step by step, so a runtime without vision_tfm can reproduce it
+        (with another resize filter, 1.3% of an ONNX-only Swin-MNIST's predictions changed)."""
+        if self.task == "cls":
+            d, size = self.cfg.data, self.img_size[0]
+            return {
+                "channels": "gray: ITU-R 601 luma of RGB"
+                if self.in_chans == 1
+                else "RGB (gray repeated); alpha dropped",
+                "resize_short_side": int(size / d.crop_pct),
+                "interpolation": "bicubic (OpenCV INTER_CUBIC)",
+                "center_crop": [size, size],
+                "normalize": "(pixel / 255 - mean) / std per channel",
+                "layout": "NCHW float32",
+            }
+        from ..data.grasp import DEPTH_CLIP
+
+        d = self.cfg.data
+        order = {"rgb": ["R", "G", "B"], "depth": ["D"], "rgbd": ["R", "G", "B", "D"]}
+        return {
+            "channels": order[d.input],
+            "crop": f"a square of crop_size ({d.crop_size or 'the short side'}) px around the "
+            "object (training centres it on the annotated grasps; vtfm grasp on the image "
+            "centre), clipped to the image",
+            "resize": [d.output_size, d.output_size],
+            "interpolation": "area when shrinking, else bilinear (OpenCV)",
+            "rgb": "(pixel / 255 - mean) / std per channel",
+            "depth": "metres; holes (NaN, inf, <= 0) filled by cv2.inpaint (Navier-Stokes, "
+            "radius 1) on depth scaled to [0, 1], before the resize; then minus the crop's "
+            f"mean, clipped to +-{DEPTH_CLIP}",
+            "layout": "NCHW float32",
+        }
 
 
 def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
@@ -215,8 +256,13 @@ def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
     return train, val
 
 
-def load_source(path: str | os.PathLike, use_ema: bool | None = None) -> ExportSource:
+def load_source(
+    path: str | os.PathLike, use_ema: bool | None = None, data_root: str | None = None
+) -> ExportSource:
     """Restore a classification or grasp checkpoint for export.
+
+    ``data_root`` replaces the checkpoint's ``data.root`` (the dataset moved, or training ran
+    from another folder); the split and preprocessing stay the checkpoint's.
 
     Raises:
         FileNotFoundError: No such checkpoint.
@@ -250,6 +296,10 @@ def load_source(path: str | os.PathLike, use_ema: bool | None = None) -> ExportS
             f"{path}: the weights do not fit the registered {name!r} "
             f"({lines[1] if len(lines) > 1 else lines[0]}); has its config changed since training?"
         ) from None
+    if data_root is not None:
+        if not Path(data_root).exists():
+            raise FileNotFoundError(f"--data: {data_root} does not exist")
+        cfg = replace(cfg, data=replace(cfg.data, root=str(data_root)))
     if task == "grasp":
         meta.setdefault("img_size", cfg.data.output_size)
     return ExportSource(path, model.eval(), cfg, meta)
