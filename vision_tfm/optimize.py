@@ -26,6 +26,30 @@ from .layers import Attention, Block, LayerScale, set_fused_attn
 
 __all__ = ["optimize_for_inference"]
 
+# the names people write for a weight dtype; a torch.dtype works as well
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+
+
+def _weight_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``"bf16"`` -> ``torch.bfloat16``; anything but a floating dtype is a one-line error."""
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise ValueError(
+        f"optimize_for_inference: dtype must be a floating torch.dtype or one of "
+        f"{', '.join(DTYPES)}; got {dtype!r}"
+    )
+
 
 def _fold_conv_bn(module: nn.Module) -> int:
     """Replace every ``conv`` -> ``bn`` pair held by one parent with a single conv."""
@@ -61,7 +85,7 @@ def _fold_layer_scale(module: nn.Module) -> int:
 
 @torch.no_grad()
 def optimize_for_inference(
-    model: nn.Module, dtype: torch.dtype | None = None, compile: bool = False
+    model: nn.Module, dtype: torch.dtype | str | None = None, compile: bool = False
 ) -> nn.Module:
     """Fold and freeze ``model`` for inference (in place); see the module docstring.
 
@@ -69,7 +93,16 @@ def optimize_for_inference(
     follow parameter updates. With ``compile`` the return value is a compiled wrapper around
     the (still folded in place) model; call it under ``torch.inference_mode()`` or
     ``torch.no_grad()``, which freezing needs to treat the weights as constants.
+    ``dtype`` takes a floating ``torch.dtype`` or a name such as ``"bf16"``; inputs must then
+    come in that dtype (or run under autocast).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"optimize_for_inference: model must be a torch.nn.Module, got {type(model).__name__}"
+            " (build one with vision_tfm.create_model)"
+        )
+    if dtype is not None:
+        dtype = _weight_dtype(dtype)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

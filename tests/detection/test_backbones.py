@@ -211,6 +211,11 @@ def test_detector_trains_and_predicts_at_two_sizes(kind, name):
         (lambda: vt.create_backbone(SWIN, frozen_stages=5), "frozen_stages"),
         (lambda: vt.create_backbone(VIT, patch_size=12, **TINY[VIT]), "power-of-two"),
         (lambda: vt.detection.build_detector("yolo", VIT, 2), "unknown detector"),
+        (
+            lambda: vt.detection.build_detector("fasterrcnn", VIT, num_classes=0),
+            r"num_classes counts the background .* >= 2 .* got 0",
+        ),
+        (lambda: vt.detection.build_detector("retinanet", VIT, 1), "integer >= 2"),
     ],
 )
 def test_bad_input_is_a_one_line_value_error(call, match):

@@ -1,6 +1,7 @@
 """The CNN+Transformer hybrid: budgets, token grid, grasp-map conventions, the shared trunk."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -134,6 +135,19 @@ def test_bad_config_is_rejected():
         vt.create_model("hybrid_test", stem_depths=(0, 1))
     with pytest.raises(ValueError, match="pos_embed must be one of"):
         vt.create_model("hybrid_test", pos_embed="learn")
+    for kw, msg in [
+        ({"depth": -1}, "depth must be an integer >= 1, got -1"),
+        ({"num_heads": 0}, "num_heads must be an integer >= 1, got 0"),
+        ({"embed_dim": 30}, "embed_dim must be divisible by 4 for pos_embed='sincos'"),
+        ({"stem_chs": (8, 0, 16)}, "stem_chs must be a non-empty list of integers >= 1"),
+        ({"num_classes": -1}, "num_classes must be an integer >= 0"),
+    ]:
+        with pytest.raises(
+            ValueError, match=f"^hybrid_test: HybridClassifier config: {re.escape(msg)}"
+        ):
+            vt.create_model("hybrid_test", **kw)
+    with pytest.raises(ValueError, match="GraspHybrid config: dec_depth must be an integer >= 0"):
+        tiny_grasp(dec_depth=-1)
 
 
 @pytest.mark.parametrize("make", [lambda: vt.create_model("hybrid_test"), tiny_grasp])
@@ -144,6 +158,7 @@ def test_bad_config_is_rejected():
         ((3, 32, 32), torch.float32, r"expected a 4-D image batch \(B, C, H, W\), got a 3-D"),
         ((1, -1, 3, 3), torch.float32, r"smaller than the minimum"),
         ((1, -1, 32, 32), torch.uint8, r"expected a floating-point image tensor, got torch.uint8"),
+        ((1, -1, 32, 32), torch.float64, r"input dtype torch.float64 does not match the model's"),
     ],
 )
 def test_bad_input_gives_one_line_error(make, shape, dtype, msg):

@@ -123,6 +123,37 @@ def test_registry_and_overrides():
         vt.create_model("vit_test", depth="deep")
 
 
+@pytest.mark.parametrize(
+    ("name", "kw", "msg"),
+    [
+        ("vit_test", {"depth": -1}, "VisionTransformer config: depth must be an integer >= 1"),
+        ("vit_test", {"num_classes": -3}, "num_classes must be an integer >= 0 .*got -3"),
+        ("vit_test", {"patch_size": 0}, "patch_size must be an integer >= 1, got 0"),
+        ("vit_test", {"num_heads": 0}, "num_heads must be an integer >= 1, got 0"),
+        ("vit_test", {"embed_dim": 30, "num_heads": 4}, "embed_dim must be divisible by num_"),
+        ("vit_test", {"mlp_ratio": 0.0}, "mlp_ratio must be a number > 0, got 0.0"),
+        ("vit_test", {"drop_path_rate": -0.1}, r"drop_path_rate must be a rate in \[0, 1\)"),
+        ("vit_test", {"img_size": 4}, r"img_size 4 is smaller than one patch \(patch_size 8\)"),
+        ("vit_test_avg_rope", {"embed_dim": 36}, "a multiple of 4 \\* num_heads"),
+        ("swin_test", {"embed_dim": 0}, "SwinTransformer config: embed_dim must be an integer"),
+        ("swin_test", {"window_size": 0}, "window_size must be an integer >= 1, got 0"),
+        ("swin_test", {"depths": (2, -1, 2, 2)}, "depths must be a non-empty list of integ"),
+        ("swin_test", {"num_heads": (1, 2)}, r"num_heads must be one entry per stage"),
+        ("swin_test", {"num_heads": (1, 3, 2, 4)}, r"num_heads\[1\] must be a divisor of stage"),
+        ("swin_test", {"mlp_ratio": -1.0}, "mlp_ratio must be a number > 0"),
+    ],
+)
+def test_out_of_range_config_is_a_one_line_error_naming_model_and_field(name, kw, msg):
+    with pytest.raises(ValueError, match=f"^{name}: .*{msg}") as e:
+        vt.create_model(name, **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_no_head_is_a_valid_class_count():
+    m = vt.create_model("vit_test", num_classes=0)
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 32)
+
+
 BAD_INPUTS = [
     (torch.randn(1, 1, 32, 32), r"expected 3 input channels, got 1"),
     (torch.randn(3, 32, 32), r"expected a 4-D image batch \(B, C, H, W\), got a 3-D tensor"),
@@ -131,6 +162,12 @@ BAD_INPUTS = [
         torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
         r"expected a floating-point image tensor, got torch.uint8",
     ),
+    (
+        torch.randn(1, 3, 32, 32, dtype=torch.float64),
+        r"input dtype torch.float64 does not match the model's weight dtype torch.float32 "
+        r"\(cast with x.to\(torch.float32\)\)",
+    ),
+    (torch.randn(1, 3, 32, 32).half(), r"input dtype torch.float16 does not match"),
 ]
 
 
@@ -148,3 +185,32 @@ def test_bad_intermediate_indices():
     m = vt.create_model("swin_test")
     with pytest.raises(ValueError, match="stage index 4 is out of range"):
         m.forward_intermediates(torch.randn(1, 3, 32, 32), indices=(1, 4))
+
+
+@pytest.mark.parametrize("name", ["vit_test", "swin_test", "hybrid_test"])
+def test_weight_dtype_check_leaves_autocast_and_bf16_models_alone(name):
+    m = vt.create_model(name).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(m(x)).all()  # fp32 input, fp32 weights, bf16 compute
+    fast = vt.optimize_for_inference(m, dtype="bf16")  # a name works as well as a torch.dtype
+    with torch.no_grad():
+        assert fast(x.bfloat16()).dtype == torch.bfloat16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fast(x)  # autocast casts the fp32 input itself (the benchmark's parity check)
+        with pytest.raises(ValueError, match=r"input dtype torch.float32 does not match .*bfloat"):
+            fast(x)
+
+
+@pytest.mark.parametrize(
+    ("model", "kw", "err", "msg"),
+    [
+        ("vit", {}, TypeError, "model must be a torch.nn.Module, got str"),
+        (None, {"dtype": "bf17"}, ValueError, r"dtype must be a floating torch.dtype or one of"),
+        (None, {"dtype": torch.int8}, ValueError, r"got torch.int8"),
+    ],
+)
+def test_optimize_for_inference_rejects_bad_arguments(model, kw, err, msg):
+    with pytest.raises(err, match=msg) as e:
+        vt.optimize_for_inference(model or vt.create_model("vit_test"), **kw)
+    assert "\n" not in str(e.value)

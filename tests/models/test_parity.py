@@ -1,5 +1,6 @@
 """Weight interop: timm, torchvision and official-Swin state dicts give identical logits."""
 
+import pickle
 import re
 
 import pytest
@@ -126,3 +127,45 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
         vt.load_pretrained(vt.create_model("vit_test"), junk)
     with pytest.raises(ValueError, match="unrecognised checkpoint layout"):
         vt.load_pretrained(vt.create_model("vit_test"), {"foo.weight": torch.zeros(1)})
+
+
+def test_state_dict_of_another_size_is_refused_before_resampling():
+    # vit_mnist has no class token: the 17-token table of vit_test used to fail to resample
+    with pytest.raises(
+        ValueError,
+        match=r"does not fit VisionTransformer: pos_embed has shape \(1, 17, 32\), "
+        r"model expects \(1, 16, 128\)",
+    ):
+        vt.load_pretrained(vt.create_model("vit_mnist"), vt.create_model("vit_test").state_dict())
+
+
+def test_integer_values_for_a_float_parameter_are_refused():
+    sd = vt.create_model("vit_test").state_dict()
+    sd["blocks.0.attn.qkv.weight"] = sd["blocks.0.attn.qkv.weight"].long()
+    with pytest.raises(
+        ValueError, match=r"blocks.0.attn.qkv.weight is torch.int64, model expects floating-point"
+    ):
+        vt.load_pretrained(vt.create_model("vit_test"), sd)
+
+
+@pytest.mark.parametrize(
+    ("write", "msg"),
+    [
+        (lambda p: p.write_bytes(b""), "the file is empty"),
+        (lambda p: p.write_text("hello\n"), "not a PyTorch checkpoint file"),
+        (
+            lambda p: p.write_bytes(pickle.dumps({"a": 1}, protocol=4)),
+            r"not a PyTorch .* \(a plain pickle\)",
+        ),
+        (lambda p: torch.save(torch.nn.Linear(2, 2), p), "it holds pickled Python objects"),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_unreadable_checkpoint_says_why_without_torch_advice(tmp_path, write, msg):
+    path = tmp_path / "w.pth"
+    write(path)
+    with pytest.raises(
+        ValueError, match=f"cannot read checkpoint {re.escape(str(path))}: {msg}"
+    ) as e:
+        vt.load_pretrained(vt.create_model("vit_test"), path)
+    assert "\n" not in str(e.value) and "weights_only" not in str(e.value)

@@ -41,7 +41,8 @@ def build_detector(
     Args:
         kind: ``"fasterrcnn"`` or ``"retinanet"``.
         backbone_name: A registered ViT or Swin name.
-        num_classes: Including background (labels are 1..num_classes-1), as torchvision counts.
+        num_classes: Including background (labels are 1..num_classes-1), as torchvision counts;
+            so at least 2.
         out_indices: Backbone levels; default strides 4-32 (Faster R-CNN) or 8-32 (RetinaNet).
         pretrained: Classification checkpoint for the backbone (see ``create_backbone``).
         frozen_stages: Backbone stages to freeze (see ``create_backbone``).
@@ -55,6 +56,11 @@ def build_detector(
     """
     if kind not in DETECTORS:
         raise ValueError(f"unknown detector {kind!r}; expected one of {sorted(DETECTORS)}")
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
+        raise ValueError(
+            f"num_classes counts the background (torchvision convention), so it must be an "
+            f"integer >= 2 (background + at least one object class), got {num_classes!r}"
+        )
     # torchvision costs ~1 s to import: only pay for it when a detector is built
     from torchvision.models.detection import FasterRCNN, RetinaNet
     from torchvision.models.detection.anchor_utils import AnchorGenerator

@@ -19,8 +19,14 @@ def symbolic(*sizes: int) -> bool:
     return any(isinstance(s, torch.SymInt) for s in sizes)
 
 
-def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str) -> None:
-    """Fail early, in one line, on inputs that would otherwise die deep inside a reshape."""
+def check_image(
+    x: torch.Tensor, in_chans: int, min_size: int, model: str, dtype: torch.dtype | None = None
+) -> None:
+    """Fail early, in one line, on inputs that would otherwise die deep inside a reshape.
+
+    ``dtype`` is the model's weight dtype: outside autocast a float input of another dtype
+    would fail in the first conv with torch's message, which blames the bias.
+    """
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{model}: expected a torch.Tensor image batch, got {type(x).__name__}")
     if x.ndim != 4:
@@ -32,6 +38,12 @@ def check_image(x: torch.Tensor, in_chans: int, min_size: int, model: str) -> No
         raise ValueError(
             f"{model}: expected a floating-point image tensor, got {x.dtype} "
             "(convert with x.float() and normalise first)"
+        )
+    # only a mismatch pays for the autocast query (which autocast makes legitimate)
+    if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(
+            f"{model}: input dtype {x.dtype} does not match the model's weight dtype {dtype} "
+            f"(cast with x.to({dtype}))"
         )
     if x.shape[1] != in_chans:
         raise ValueError(

@@ -12,13 +12,21 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..layers import resample_abs_pos_embed
 
-__all__ = ["convert_state_dict", "detect_source", "load_pretrained", "read_state_dict"]
+__all__ = [
+    "convert_state_dict",
+    "detect_source",
+    "load_pretrained",
+    "load_torch_file",
+    "read_state_dict",
+]
 
 StateDict = dict[str, torch.Tensor]
 _WRAPPERS = ("state_dict_ema", "model_ema", "state_dict", "model")
@@ -30,14 +38,7 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
     if isinstance(path_or_state_dict, Mapping):
         sd = path_or_state_dict
     else:
-        path = os.fspath(path_or_state_dict)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"checkpoint not found: {path}")
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # pickle/zip errors carry multi-line messages
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"cannot read checkpoint {path}: {first}") from None
+        sd = load_torch_file(path_or_state_dict)
     for key in _WRAPPERS:
         if isinstance(sd, Mapping) and key in sd and isinstance(sd[key], Mapping):
             sd = sd[key]
@@ -45,6 +46,44 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ValueError("checkpoint does not hold a state dict of tensors")
     return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def load_torch_file(path: str | os.PathLike) -> Any:
+    """``torch.load(weights_only=True)`` with one-line errors that say what the file is.
+
+    torch's own message advises ``weights_only=False``: wrong for a file that is no checkpoint
+    at all, and unsafe for one that is. Shared by ``load_pretrained`` and the training code.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; expected a checkpoint file")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(2)
+    why = ""
+    if not head:
+        why = "the file is empty (0 bytes)"
+    # torch.save writes a zip archive (PK); the legacy format is a pickle (protocol byte 0x80)
+    elif head != b"PK" and head[:1] != b"\x80":
+        why = "not a PyTorch checkpoint file (expected a torch.save archive)"
+    else:
+        try:
+            with warnings.catch_warnings():  # a foreign pickle's protocol warning is not the news
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle/zip errors carry multi-line messages
+            text = str(e).strip()
+            if "Weights only load failed" not in text:
+                why = text.splitlines()[0].split(". ")[0] if text else type(e).__name__
+            elif head == b"PK":
+                why = (
+                    "it holds pickled Python objects, not only tensors, and is not loaded for "
+                    "safety (save model.state_dict() instead)"
+                )
+            else:
+                why = "not a PyTorch checkpoint file (a plain pickle)"
+    raise ValueError(f"cannot read checkpoint {path}: {why}")
 
 
 def detect_source(sd: Mapping[str, torch.Tensor]) -> str:
@@ -134,6 +173,33 @@ def _family(model: nn.Module) -> str:
     return "swin" if "swin" in name else "vit" if "vision" in name else name
 
 
+def _check_fit(model: nn.Module, own: StateDict, sd: StateDict, source: str) -> None:
+    """Refuse a state dict of another size or dtype before anything is resampled.
+
+    The position table's token count and a classifier head of another class count may
+    differ (they are resampled / left at init); every other shared key must match exactly,
+    and a floating parameter needs floating values (an int64 copy would load silently).
+    """
+    for k, v in sd.items():
+        if k not in own or k.startswith("head."):
+            continue
+        mine = own[k]
+        if k == "pos_embed":
+            same = v.ndim == mine.ndim and v.shape[-1] == mine.shape[-1]
+        else:
+            same = v.shape == mine.shape
+        if not same:
+            raise ValueError(
+                f"checkpoint ({source}) does not fit {type(model).__name__}: {k} has shape "
+                f"{tuple(v.shape)}, model expects {tuple(mine.shape)}"
+            )
+        if mine.is_floating_point() and not v.is_floating_point():
+            raise ValueError(
+                f"checkpoint ({source}) does not fit {type(model).__name__}: {k} is {v.dtype}, "
+                f"model expects floating-point values ({mine.dtype})"
+            )
+
+
 def _adapt(model: nn.Module, sd: StateDict) -> tuple[StateDict, list[str]]:
     """Resample the ViT position table; drop a head of another class count."""
     own = model.state_dict()
@@ -166,9 +232,10 @@ def load_pretrained(
             f"checkpoint is a {source.split('_')[-1]} ({source.split('_')[0]}) state dict, "
             f"but the model is a {type(model).__name__}"
         )
-    sd, dropped = _adapt(model, convert_state_dict(sd, source))
+    sd = convert_state_dict(sd, source)
     own = model.state_dict()
-    missing = sorted(set(own) - set(sd) - set(dropped))
+    _check_fit(model, own, sd, source)
+    missing = sorted(set(own) - set(sd))
     unexpected = sorted(set(sd) - set(own))
     if strict and (missing or unexpected):
         raise ValueError(
@@ -176,14 +243,7 @@ def load_pretrained(
             f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
             f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
         )
-    bad = [k for k in sd if k in own and own[k].shape != sd[k].shape]
-    if bad:
-        k = bad[0]
-        raise ValueError(
-            f"checkpoint ({source}) does not fit {type(model).__name__}: {k} has shape "
-            f"{tuple(sd[k].shape)}, model expects {tuple(own[k].shape)}"
-            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-        )
+    sd, dropped = _adapt(model, sd)
     model.load_state_dict(sd, strict=False)
     if dropped:
         warnings.warn(

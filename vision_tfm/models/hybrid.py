@@ -30,7 +30,7 @@ from ..layers import (
     sincos_2d,
     symbolic,
 )
-from ._common import block_kwargs, init_weights, select_indices
+from ._common import block_kwargs, check_config, init_weights, select_indices
 from .registry import register_model
 
 __all__ = [
@@ -153,6 +153,7 @@ class HybridTrunk(nn.Module):
 
     @staticmethod
     def _validate(cfg: HybridTrunkConfig) -> None:
+        check_config(cfg, "HybridTrunk")
         if len(cfg.stem_chs) != len(cfg.stem_depths) or not cfg.stem_chs:
             raise ValueError(
                 f"stem_chs {cfg.stem_chs} and stem_depths {cfg.stem_depths} must be non-empty "
@@ -210,6 +211,7 @@ class _HybridModel(nn.Module):
 
     def __init__(self, cfg: HybridTrunkConfig) -> None:
         super().__init__()
+        check_config(cfg, type(self).__name__)  # head fields too, named after the model
         self.cfg = cfg
         self.in_chans = cfg.in_chans
         self.num_features = self.embed_dim = cfg.embed_dim
@@ -224,7 +226,8 @@ class _HybridModel(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def _check(self, x: torch.Tensor) -> None:
-        check_image(x, self.in_chans, self.trunk.reduction, type(self).__name__)
+        w = self.trunk.proj.weight  # the stem convs are swapped when BatchNorm is folded
+        check_image(x, self.in_chans, self.trunk.reduction, type(self).__name__, w.dtype)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image ``(B, C, H, W)`` -> normed token map ``(B, D, H/r, W/r)`` (NCHW)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import ConfigError, apply_overrides
+from ..config import apply_overrides
 
 __all__ = ["create_model", "get_model_entry", "list_models", "register_model"]
 
@@ -57,8 +57,8 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     entry = get_model_entry(name)
     try:
         cfg = apply_overrides(entry.cfg, overrides)
-    except ConfigError as e:
+        model = entry.cls(cfg)  # constructors reject out-of-range fields with a ValueError
+    except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
-    model = entry.cls(cfg)
     model.model_name = name
     return model

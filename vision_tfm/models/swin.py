@@ -30,7 +30,7 @@ from ..layers import (
     relative_position_index,
     symbolic,
 )
-from ._common import block_kwargs, init_weights, select_indices
+from ._common import block_kwargs, check_config, init_weights, select_indices
 from .registry import register_model
 
 __all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
@@ -269,10 +269,7 @@ class SwinTransformer(nn.Module):
 
     def __init__(self, cfg: SwinConfig) -> None:
         super().__init__()
-        if len(cfg.depths) != len(cfg.num_heads):
-            raise ValueError(
-                f"depths {cfg.depths} and num_heads {cfg.num_heads} must have the same length"
-            )
+        check_config(cfg, type(self).__name__)
         self.cfg = cfg
         self.num_classes = cfg.num_classes
         self.in_chans = cfg.in_chans
@@ -308,9 +305,13 @@ class SwinTransformer(nn.Module):
         ]
         self.apply(init_weights)
 
+    def _check(self, x: torch.Tensor) -> None:
+        dtype = self.patch_embed.proj.weight.dtype
+        check_image(x, self.in_chans, self.min_size, type(self).__name__, dtype)
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image ``(B, C, H, W)`` -> normed last-stage map ``(B, H/32, W/32, C)`` (NHWC)."""
-        check_image(x, self.in_chans, self.min_size, type(self).__name__)
+        self._check(x)
         x = self.patch_embed(x)  # (B, H/4, W/4, C)
         return self.norm(self.layers(x))
 
@@ -329,7 +330,7 @@ class SwinTransformer(nn.Module):
         ``norm`` applies the final norm to the last stage's map, as the classifier sees it.
         """
         take = select_indices(indices, len(self.layers), "stage")
-        check_image(x, self.in_chans, self.min_size, type(self).__name__)
+        self._check(x)
         x = self.patch_embed(x)
         outs = []
         for i, stage in enumerate(self.layers[: take[-1] + 1]):

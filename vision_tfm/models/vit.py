@@ -26,7 +26,7 @@ from ..layers import (
     run_blocks,
     sincos_2d,
 )
-from ._common import block_kwargs, init_weights, select_indices
+from ._common import block_kwargs, check_config, init_weights, select_indices
 from .registry import register_model
 
 __all__ = ["ViTConfig", "VisionTransformer"]
@@ -67,6 +67,7 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
+        check_config(cfg, type(self).__name__)
         self._validate(cfg)
         self.cfg = cfg
         self.num_classes = cfg.num_classes
@@ -116,6 +117,10 @@ class VisionTransformer(nn.Module):
 
     @staticmethod
     def _validate(cfg: ViTConfig) -> None:
+        if cfg.img_size < cfg.patch_size:
+            raise ValueError(
+                f"img_size {cfg.img_size} is smaller than one patch (patch_size {cfg.patch_size})"
+            )
         if cfg.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {cfg.global_pool!r}")
         if cfg.global_pool == "token" and not cfg.class_token:
@@ -129,7 +134,8 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict, tuple[int, int]]:
         """Patchify, prepend the class token, add positions. Returns tokens, attn kwargs, grid."""
-        check_image(x, self.in_chans, self.patch_size, type(self).__name__)
+        w = self.patch_embed.proj.weight
+        check_image(x, self.in_chans, self.patch_size, type(self).__name__, w.dtype)
         x = self.patch_embed(x)  # (B, gh, gw, D)
         B, gh, gw, D = x.shape
         x = x.reshape(B, gh * gw, D)  # (B, N, D)
