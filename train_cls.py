@@ -17,11 +17,11 @@ CONFIGS = Path(__file__).resolve().parent / "configs" / "cls"
 
 
 def main() -> None:
-    args = base_parser(__doc__.splitlines()[0]).parse_args()
+    args = base_parser(__doc__.splitlines()[0]).parse_intermixed_args()
     extra = {}
     if args.data:
         extra = {"data.name": infer_dataset_kind(args.data), "data.root": args.data}
-    cfg = resolve_config(ClsConfig(), args, CONFIGS, "_mnist", extra)
+    cfg = resolve_config(ClsConfig(), args, CONFIGS, "_mnist", extra, task="cls")
     Trainer(cfg, ClassificationTask(cfg), resume=args.resume).fit(eval_only=args.eval_only)
 
 

@@ -18,7 +18,7 @@ def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=["cornell", "jacquard"], help="data.dataset")
     p.add_argument("--input", choices=["rgb", "depth", "rgbd"], help="data.input")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
     extra = {}
     if args.data:
         extra["data.root"] = args.data
@@ -26,7 +26,7 @@ def main() -> None:
         extra["data.dataset"] = args.dataset
     if args.input:
         extra["data.input"] = args.input
-    cfg = resolve_config(GraspConfig(), args, CONFIGS, "", extra)
+    cfg = resolve_config(GraspConfig(), args, CONFIGS, "", extra, task="grasp")
     Trainer(cfg, GraspTask(cfg), resume=args.resume).fit(eval_only=args.eval_only)
 
 

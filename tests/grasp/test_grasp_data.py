@@ -70,11 +70,15 @@ def test_read_cornell_skips_nan_rectangles() -> None:
     assert np.isfinite(rects).all()
 
 
-def test_read_cornell_skips_non_numeric(tmp_path: Path) -> None:
+def test_read_cornell_skips_nan_rectangles_only(tmp_path: Path) -> None:
+    """Cornell ships rectangles with NaN corners (skipped, counted); free text is an error."""
     path = tmp_path / "pcd0001cpos.txt"
-    path.write_text(RECT + "1 2\nabc 3\n4 5\n6 7\n\n")
+    path.write_text(RECT + "1 2\nNaN NaN\n4 5\n6 7\n\n")
     rects, skipped = read_cornell_rects(path)
     assert rects.shape == (1, 4, 2) and skipped == 1
+    path.write_text(RECT + "1 2\nabc 3\n4 5\n6 7\n\n")
+    with pytest.raises(GraspDataError, match=r"pcd0001cpos.txt:6: non-numeric field in 'abc 3'"):
+        read_cornell_rects(path)
 
 
 @pytest.mark.parametrize(

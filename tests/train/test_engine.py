@@ -1,6 +1,7 @@
 """The training engine: exact resume, interrupts, NaN guard, run dirs, CLI errors, DDP."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from vision_tfm.train import ClassificationTask, ClsConfig, NonFiniteLossError, 
 from vision_tfm.train.checkpoint import atomic_save, load_checkpoint
 from vision_tfm.train.classification import restore_cls_model
 from vision_tfm.train.engine import make_run_dir
+from vision_tfm.train.launch import base_parser, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {
@@ -61,6 +63,35 @@ def test_resume_at_epoch_boundary_is_bit_identical(tmp_path):
     assert resumed.run_dir == part.run_dir  # continued in place
     rows = (part.run_dir / "metrics.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch,train_loss,lr,top1,top5")
+
+
+def _snapshot(d: Path) -> dict:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_resume_from_an_older_checkpoint_forks_a_new_run_dir(tmp_path, capsys):
+    part, _ = run(tiny_cfg(tmp_path, **{"run.stop_after": 1}))
+    a = part.run_dir
+    (a / "epoch1.pt").write_bytes((a / "last.pt").read_bytes())  # an older state, e.g. best.pt
+    run(tiny_cfg(tmp_path), resume=a / "last.pt")  # the newest state continues in place
+    before = _snapshot(a)
+    with pytest.raises(ValueError, match=r"has already trained 2 epochs of sched\.epochs=2"):
+        run(tiny_cfg(tmp_path), resume=a / "last.pt")
+    forked, _ = run(tiny_cfg(tmp_path), resume=a / "epoch1.pt")
+    assert _snapshot(a) == before  # the old run is byte-for-byte untouched
+    b = forked.run_dir
+    assert (
+        b != a
+        and b.parent == a.parent
+        and f"continuing in a new run dir {b}" in (capsys.readouterr().out)
+    )
+    rows = (b / "metrics.csv").read_text().strip().splitlines()
+    assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
+    assert (b / "best.pt").is_file()  # epoch 1 was the best so far, or epoch 2 beat it
+    old, new = load_checkpoint(a / "last.pt"), load_checkpoint(b / "last.pt")
+    assert new["state"] == old["state"]  # same lineage, same place: exact resume
+    for k, v in old["model"].items():
+        assert torch.equal(v, new["model"][k]), k
 
 
 def test_checkpoint_contents_and_outputs(tmp_path, capsys):
@@ -115,9 +146,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 def test_nan_loss_before_any_checkpoint_says_so(tmp_path):
     cfg = tiny_cfg(tmp_path)
     trainer = Trainer(cfg, _NanTask(cfg, nan_at=2))
-    with pytest.raises(
-        NonFiniteLossError, match=r"step 2; stopping \(no checkpoint yet\)"
-    ):
+    with pytest.raises(NonFiniteLossError, match=r"step 2; stopping \(no checkpoint yet\)"):
         trainer.fit()
     assert not (trainer.run_dir / "last.pt").exists()
 
@@ -127,6 +156,85 @@ def test_training_split_smaller_than_a_batch_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"training split has 10 images, fewer than one batch"):
         Trainer(cfg, ClassificationTask(cfg)).fit()
     assert not list(tmp_path.iterdir())  # no run dir left behind
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "msg"),
+    [
+        ("data.batch_size", 0, "data.batch_size must be >= 1, got 0"),
+        ("data.batch_size", -8, "data.batch_size must be >= 1, got -8"),
+        ("sched.epochs", 0, "sched.epochs must be >= 1, got 0"),
+        ("sched.epochs", -1, "sched.epochs must be >= 1, got -1"),
+        ("optim.accum_steps", 0, "optim.accum_steps must be >= 1"),
+        ("run.log_interval", 0, "run.log_interval must be >= 1"),
+        ("run.precision", "fp8", "run.precision must be one of fp32, amp, bf16; got 'fp8'"),
+        ("run.device", "gpu", "run.device must be one of auto, cpu, cuda; got 'gpu'"),
+        ("optim.opt", "adamz", "optim.opt='adamz' is not a timm optimizer; did you mean adam"),
+        ("model.name", "grasp_hybrid_t", "'grasp_hybrid_t' is a grasp model, not a classifier"),
+    ],
+)
+def test_bad_settings_fail_before_a_run_dir(tmp_path, key, value, msg):
+    cfg = tiny_cfg(tmp_path, **{key: value})
+    with pytest.raises(ValueError, match=msg) as e:
+        Trainer(cfg, ClassificationTask(cfg)).fit()
+    assert "\n" not in str(e.value)
+    assert not list(tmp_path.iterdir())  # no run dir left behind
+
+
+def test_load_checkpoint_says_what_the_file_is(tmp_path):
+    cases = {
+        "notes.txt": b"epoch 3: 97%\n",
+        "empty.pt": b"",
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    torch.save({"model": {}, "config": {}}, tmp_path / "no_meta.pt")
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")  # a whole pickled module
+    atomic_save({"model": {}, "config": {}, "meta": {}}, tmp_path / "weights_only.pt")
+    expect = {
+        "notes.txt": "notes.txt: not a PyTorch checkpoint file",
+        "empty.pt": r"empty.pt: the file is empty \(0 bytes\)",
+        "no_meta.pt": r"no_meta.pt is not a vision_tfm training checkpoint \(missing meta\)",
+        "module.pt": r"module.pt: it holds pickled Python objects, not only tensors",
+    }
+    for name, msg in expect.items():
+        with pytest.raises(ValueError, match=msg) as e:
+            load_checkpoint(tmp_path / name)
+        assert "\n" not in str(e.value) and "weights_only" not in str(e.value), name
+    load_checkpoint(tmp_path / "weights_only.pt")  # enough for predict / export
+    with pytest.raises(ValueError, match="missing optimizer, scheduler, scaler, state"):
+        load_checkpoint(tmp_path / "weights_only.pt", resume=True)
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        load_checkpoint(tmp_path)
+
+
+def _resolve(*argv, task="cls"):
+    args = base_parser("test").parse_intermixed_args([str(a) for a in argv])
+    return resolve_config(ClsConfig(), args, ROOT / "configs" / "cls", "_mnist", task=task)
+
+
+def test_resume_refuses_flags_it_would_ignore_and_other_tasks(tmp_path):
+    ck = tmp_path / "last.pt"
+    with pytest.raises(ValueError, match="--eval-only needs --resume"):
+        _resolve("--eval-only")
+    with pytest.raises(ValueError, match="--config cannot be combined with --resume"):
+        _resolve("--resume", ck, "--config", tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match=r"--out-dir \(run.out_dir\) cannot be combined"):
+        _resolve("--resume", ck, "--out-dir", tmp_path / "elsewhere")
+    grasp = {"model": {}, "config": {"loss": {"maps": "mse"}}, "meta": {"task": "grasp"}}
+    atomic_save(grasp, ck)
+    with pytest.raises(
+        ValueError, match=re.escape(f"{ck} is a grasp checkpoint; use train_grasp.py")
+    ):
+        _resolve("--resume", ck, "--eval-only")
+    atomic_save({**grasp, "meta": {"task": "cls"}}, ck)  # a stored config this code rejects
+    with pytest.raises(
+        ValueError, match=re.escape(f"{ck}: the checkpoint's config: unknown config key")
+    ):
+        _resolve("--resume", ck)
+    atomic_save({**grasp, "config": {"optim": {"lr": 0.1}}, "meta": {"task": "cls"}}, ck)
+    cfg = _resolve("--resume", ck, "optim.lr=0.2", "--epochs", 3, "sched.min_lr=0")
+    assert (cfg.optim.lr, cfg.sched.epochs, cfg.sched.min_lr) == (0.2, 3, 0.0)  # any order
 
 
 class _InterruptTask(ClassificationTask):
@@ -186,6 +294,10 @@ def _cli(*args, cwd):
         (["--data", "/nonexistent/dir"], "/nonexistent/dir"),
         (["--resume", "/nonexistent/last.pt"], "checkpoint not found: /nonexistent/last.pt"),
         (["--model", "vit_nope"], "unknown model name 'vit_nope'"),
+        (["optim.lr=1", "--model", "vit_nope", "optim.lr=2"], "unknown model name 'vit_nope'"),
+        (["--eval-only"], "--eval-only needs --resume"),
+        (["--epochs", "0"], "sched.epochs must be >= 1, got 0"),
+        (["run.precision=fp8"], "run.precision must be one of fp32, amp, bf16"),
     ],
 )
 def test_cli_bad_input_one_line(tmp_path, args, msg):
@@ -275,3 +387,85 @@ def test_ddp_two_cpu_processes(tmp_path):
     assert "x2" in r.stdout and r.stdout.count("val top1: ") == 1
     ck = load_checkpoint(dirs[0] / "last.pt")
     assert ck["state"]["num_updates"] == 1  # 128 images / (2 ranks x 64)
+
+
+@pytest.fixture(scope="module")
+def digit_ckpt(tmp_path_factory):
+    """A digit PNG and an untrained tiny vit_mnist checkpoint: enough to drive ``vtfm``."""
+    from PIL import Image
+
+    from vision_tfm.data import load_mnist
+    from vision_tfm.models import create_model
+
+    d = tmp_path_factory.mktemp("vtfm")
+    Image.fromarray(load_mnist("val")[0][0]).save(d / "digit.png")
+    kw = {"embed_dim": 16, "depth": 1, "num_heads": 2}
+    meta = {"task": "cls", "num_classes": 10, "in_chans": 1, "img_size": 28}
+    meta |= {"class_names": [str(i) for i in range(10)], "mean": [0.13], "std": [0.31]}
+    ck = {
+        "model": create_model("vit_mnist", **kw).state_dict(),
+        "config": {"model": {"name": "vit_mnist", "kwargs": kw}},
+        "meta": meta,
+    }
+    torch.save(ck, d / "ck.pt")
+    return d / "digit.png", d / "ck.pt"
+
+
+def vtfm(capsys, *args) -> tuple[int, str, str]:
+    """Run ``vtfm`` in-process: (exit code, stdout, stderr)."""
+    from vision_tfm.cli import main
+
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["predict", "--topk", "-3"], "--topk must be >= 1, got -3"),
+        (["predict", "--topk", "0"], "--topk must be >= 1, got 0"),
+        (["attention", "--discard-ratio", "1.5"], "discard ratio must be in [0, 1), got 1.5"),
+        (["attention", "--discard-ratio", "-0.1"], "discard ratio must be in [0, 1), got -0.1"),
+        (["attention", "--out", "att.jpg"], "--out must end in .png, got "),
+    ],
+)
+def test_vtfm_bad_flags_are_one_line_errors(digit_ckpt, tmp_path, capsys, args, msg):
+    digit, ck = digit_ckpt
+    cmd, *flags = args
+    flags = [str(tmp_path / f) if f.endswith(".jpg") else f for f in flags]
+    code, out, err = vtfm(capsys, cmd, digit, "--checkpoint", ck, *flags)
+    assert code == 2 and out == "", err
+    assert err.startswith("error: ") and msg in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_vtfm_predict_topk_is_capped_at_the_class_count(digit_ckpt, capsys):
+    digit, ck = digit_ckpt
+    code, out, err = vtfm(capsys, "predict", digit, "--checkpoint", ck, "--topk", "50")
+    assert code == 0, err
+    assert len(out.strip().splitlines()) == 10
+
+
+def test_vtfm_attention_out_names_the_file_it_writes(digit_ckpt, tmp_path, capsys):
+    digit, ck = digit_ckpt
+    base = ["attention", digit, "--checkpoint", ck, "--out"]
+    code, out, err = vtfm(capsys, *base, tmp_path / "att")  # no extension: .png is added
+    png = tmp_path / "att.png"
+    assert code == 0 and out == f"wrote {png}\n", err
+    before = png.read_bytes()
+    code, out, err = vtfm(capsys, *base, tmp_path / "att")  # the final path exists
+    assert code == 2 and err == f"error: {png} exists; pass --overwrite to replace it\n"
+    assert png.read_bytes() == before
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    code, out, err = vtfm(capsys, *base, folder, "--overwrite")
+    assert code == 2 and err == f"error: --out: {folder} is a folder; give the .png file path\n"
+    assert not (tmp_path / "adir.png").exists() and list(folder.iterdir()) == []
+    deep = tmp_path / "nodir" / "sub" / "att.png"
+    code, out, err = vtfm(capsys, *base, deep)
+    assert code == 0 and out == f"wrote {deep}\n" and deep.stat().st_size > 1000, err

@@ -15,10 +15,10 @@ The input tensor is ``(C, S, S)`` float32: channels ``R, G, B`` (ImageNet mean/s
 ``R, G, B, D``. Rectangles follow :mod:`vision_tfm.grasp.rect` (pixel centres at integer
 coordinates, opening along corner 0 -> 1).
 
-Bad data policy: a Cornell rectangle holding NaN or non-numeric values is skipped and counted
-(``CornellGrasp.skipped_rects``, one warning per dataset); every other problem (empty file, line
-count not a multiple of 4, wrong number of fields, missing file, image smaller than the crop, no
-views) raises a one-line error naming the file.
+Bad data policy: a Cornell rectangle holding NaN values (a quirk of the real files) is skipped
+and counted (``CornellGrasp.skipped_rects``, one warning per dataset); every other problem (empty
+file, line count not a multiple of 4, wrong number of fields, other non-numeric text, missing
+file, image smaller than the crop, no views) raises a one-line error naming the file.
 """
 
 from __future__ import annotations
@@ -82,15 +82,15 @@ class GraspDataError(ValueError):
 def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
     """Read a Cornell ``pcdXXXXcpos.txt``: 4 lines of ``x y`` per rectangle.
 
-    Blank lines and trailing spaces are ignored. Rectangles holding NaN or non-numeric values (a
-    known Cornell quirk) are dropped and counted.
+    Blank lines and trailing spaces are ignored. Rectangles holding NaN values (a known Cornell
+    quirk) are dropped and counted; any other non-numeric text is an error.
 
     Returns:
         ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of dropped rectangles.
 
     Raises:
-        GraspDataError: Empty file, a line without exactly two values, a line count that is not a
-            multiple of 4, or no valid rectangle left.
+        GraspDataError: Empty file, a line without exactly two numbers (naming file and line), a
+            line count that is not a multiple of 4, or no valid rectangle left.
     """
     path = Path(path)
     rows = []
@@ -100,7 +100,7 @@ def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
             continue
         if len(fields) != 2:
             raise GraspDataError(f"{path}:{lineno}: expected 'x y', got {line.strip()!r}")
-        rows.append([_float_or_nan(f) for f in fields])
+        rows.append(_numbers(fields, path, lineno, line))
     if not rows:
         raise GraspDataError(f"{path}: empty annotation file")
     if len(rows) % 4:
@@ -108,16 +108,16 @@ def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
     rects = np.array(rows, dtype=np.float64).reshape(-1, 4, 2)
     valid = np.isfinite(rects).all(axis=(1, 2))
     if not valid.any():
-        raise GraspDataError(f"{path}: no rectangle without NaN/non-numeric values")
+        raise GraspDataError(f"{path}: no rectangle without NaN values")
     return rects[valid].astype(np.float32), int((~valid).sum())
 
 
-def _float_or_nan(text: str) -> float:
-    """Parse a number; non-numeric text becomes NaN so its rectangle is skipped, not fatal."""
+def _numbers(fields: list[str], path: Path, lineno: int, line: str) -> list[float]:
+    """Parse one annotation line; a literal NaN parses (callers decide), free text is an error."""
     try:
-        return float(text)
+        return [float(f) for f in fields]
     except ValueError:
-        return float("nan")
+        raise GraspDataError(f"{path}:{lineno}: non-numeric field in {line.strip()!r}") from None
 
 
 def read_jacquard_grasps(path: str | Path) -> np.ndarray:
@@ -143,12 +143,7 @@ def read_jacquard_grasps(path: str | Path) -> np.ndarray:
                 f"{path}:{lineno}: expected 5 ';'-separated fields (x;y;theta;opening;jaw), "
                 f"got {len(fields)}"
             )
-        try:
-            rows.append([float(f) for f in fields])
-        except ValueError:
-            raise GraspDataError(
-                f"{path}:{lineno}: non-numeric field in {line.strip()!r}"
-            ) from None
+        rows.append(_numbers(fields, path, lineno, line))
     if not rows:
         raise GraspDataError(f"{path}: empty annotation file")
     _, first = np.unique(np.array(rows), axis=0, return_index=True)
@@ -213,7 +208,7 @@ def find_cornell_views(root: str | Path) -> tuple[list[GraspView], int]:
     """Find ``pcdXXXXr.png`` views under ``root/*/`` or directly in ``root``.
 
     Returns:
-        ``(views sorted by id, rectangles skipped for NaN/non-numeric values)``.
+        ``(views sorted by id, rectangles skipped for NaN values)``.
 
     Raises:
         FileNotFoundError: No view under ``root``, or a view without its ``cpos.txt``.
@@ -541,6 +536,10 @@ class GraspDataset(Dataset):
             raise ValueError(f"input must be 'rgb', 'depth' or 'rgbd', got {input!r}")
         if repeat < 1:
             raise ValueError(f"repeat must be >= 1, got {repeat}")
+        if output_size < 1:
+            raise ValueError(f"output_size must be >= 1, got {output_size}")
+        if crop_size is not None and crop_size < 0:
+            raise ValueError(f"crop_size must be positive (or None), got {crop_size}")
         if input != "rgb":
             for v in views:
                 if v.depth_path is None:
@@ -657,8 +656,7 @@ class CornellGrasp(GraspDataset):
         views, self.skipped_rects = find_cornell_views(root)
         if self.skipped_rects:
             warnings.warn(
-                f"{root}: skipped {self.skipped_rects} Cornell rectangles with NaN or "
-                "non-numeric values",
+                f"{root}: skipped {self.skipped_rects} Cornell rectangles with NaN values",
                 stacklevel=2,
             )
         super().__init__(_select(views, ids), crop_size=crop_size, **kwargs)

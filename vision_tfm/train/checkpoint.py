@@ -15,7 +15,17 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "get_rng_state", "load_checkpoint", "set_rng_state", "shipped_weights"]
+from ..models.convert import load_torch_file
+
+__all__ = [
+    "REQUIRED_KEYS",
+    "RESUME_KEYS",
+    "atomic_save",
+    "get_rng_state",
+    "load_checkpoint",
+    "set_rng_state",
+    "shipped_weights",
+]
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -37,18 +47,27 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         raise
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a training checkpoint safely, with one-line errors for the usual failures."""
+REQUIRED_KEYS = ("model", "config", "meta")
+"""What every vision_tfm checkpoint holds (predict, export and eval read only these)."""
+RESUME_KEYS = ("optimizer", "scheduler", "scaler", "state")
+"""What continuing a run needs on top of :data:`REQUIRED_KEYS`."""
+
+
+def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict[str, Any]:
+    """Read a training checkpoint safely, with one-line errors for the usual failures.
+
+    Args:
+        path: A ``last.pt`` / ``best.pt`` written by the engine.
+        resume: Also require the optimiser, schedule and loop state (``RESUME_KEYS``).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot read checkpoint {path}: {msg}") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
-        raise ValueError(f"{path} is not a vision_tfm training checkpoint (no model/config)")
+    ckpt = load_torch_file(path)
+    keys = REQUIRED_KEYS + (RESUME_KEYS if resume else ())
+    missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
+    if missing:
+        raise ValueError(
+            f"{path} is not a vision_tfm training checkpoint (missing {', '.join(missing)})"
+        )
     return ckpt
 
 

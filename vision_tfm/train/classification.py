@@ -18,7 +18,7 @@ from ..data import AugConfig, DataConfig, build_cls_datasets
 from ..models import create_model, load_pretrained
 from ..models.registry import get_model_entry
 from .checkpoint import shipped_weights
-from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
+from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
 
@@ -49,6 +49,11 @@ def build_cls_model(
 ) -> nn.Module:
     """Create the registered model with the data's class count, channels and size."""
     entry = get_model_entry(model_cfg.name)
+    if model_cfg.name in grasp_models():  # else: "unknown config key 'num_classes'"
+        raise ValueError(
+            f"model.name={model_cfg.name!r} is a grasp model, not a classifier; "
+            "train it with train_grasp.py"
+        )
     kw: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
     if hasattr(entry.cfg, "img_size"):
         kw["img_size"] = img_size

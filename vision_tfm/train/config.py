@@ -25,6 +25,7 @@ __all__ = [
     "RunConfig",
     "SchedConfig",
     "config_hash",
+    "grasp_models",
     "load_config",
     "save_config",
 ]
@@ -153,6 +154,14 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
     """Write the fully resolved config as YAML (what actually ran, not what was asked)."""
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def grasp_models() -> list[str]:
+    """Registered models that predict grasp maps (``train_grasp.py``); the rest classify."""
+    from ..models import get_model_entry, list_models
+    from ..models.hybrid import GraspHybrid
+
+    return [n for n in list_models() if issubclass(get_model_entry(n).cls, GraspHybrid)]
 
 
 def config_hash(cfg: Any) -> str:

@@ -8,11 +8,15 @@ Exact resume: at the start of every epoch all RNGs (torch, numpy, Python, the au
 pipeline's own) are reseeded from ``(seed, epoch)``, and the shuffle order comes from a
 generator seeded the same way. A run stopped at an epoch boundary therefore continues on
 the same random stream as an uninterrupted one, and ends with bit-identical weights on CPU.
+
+Resuming a run's newest state (its ``last.pt``) continues in its run dir; resuming an older
+one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing written is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import math
 import os
 import random
@@ -26,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from timm.optim import create_optimizer_v2
+from timm.optim import create_optimizer_v2, get_optimizer_info, list_optimizers
 from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
@@ -41,6 +45,9 @@ from .distributed import all_reduce_sum, cleanup, init_distributed, is_main, wor
 from .logging import MetricLogger
 
 __all__ = ["NonFiniteLossError", "Task", "Trainer", "TrainerConfig", "make_run_dir"]
+
+PRECISIONS = ("fp32", "amp", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -164,8 +171,6 @@ class Trainer:
         p = self.cfg.run.precision
         if p == "fp32":
             return contextlib.nullcontext()
-        if p not in ("amp", "bf16"):
-            raise ValueError(f"run.precision must be 'fp32', 'amp' or 'bf16', got {p!r}")
         dt = self.device.type
         dtype = torch.float16 if (p == "amp" and dt == "cuda") else torch.bfloat16
         return torch.autocast(device_type=dt, dtype=dtype)
@@ -174,14 +179,47 @@ class Trainer:
         o = self.cfg.optim
         return o.lr * batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
 
+    def _check_config(self) -> None:
+        """Cheap checks of what the loop reads, so a bad value fails before anything is built
+        or written (not as a ZeroDivisionError mid-run, or beside a half-made run dir)."""
+        c, task = self.cfg, self.task
+        minimum = {
+            "data.batch_size": (task.batch_size, 1),
+            "data.num_workers": (task.num_workers, 0),
+            "sched.epochs": (c.sched.epochs, 1),
+            "sched.warmup_epochs": (c.sched.warmup_epochs, 0),
+            "optim.accum_steps": (c.optim.accum_steps, 1),
+            "run.log_interval": (c.run.log_interval, 1),
+            "run.stop_after": (c.run.stop_after, 0),
+            "run.threads": (c.run.threads, 0),
+        }
+        for key, (value, low) in minimum.items():
+            if value < low:
+                raise ValueError(f"{key} must be >= {low}, got {value}")
+        for key, value, allowed in (
+            ("run.precision", c.run.precision, PRECISIONS),
+            ("run.device", c.run.device, DEVICES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+        try:  # timm parses "lookahead_<name>" the same way
+            get_optimizer_info(c.optim.opt.lower().split("_")[-1])
+        except ValueError:
+            close = difflib.get_close_matches(c.optim.opt.lower(), list_optimizers(), n=3)
+            hint = "see timm.optim.list_optimizers()"
+            if close:
+                hint = f"did you mean {', '.join(close)}?"
+            raise ValueError(f"optim.opt={c.optim.opt!r} is not a timm optimizer; {hint}") from None
+
     def _setup(self) -> None:
         cfg = self.cfg
+        self._check_config()
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
         self.device = self._device()
         self.distributed = init_distributed(self.device)
         seed_everything(cfg.run.seed)
-        self.ckpt = load_checkpoint(self.resume_path) if self.resume_path else None
+        self.ckpt = load_checkpoint(self.resume_path, resume=True) if self.resume_path else None
         model, self.train_ds, self.val_ds, self.meta = self.task.build()
         self.meta["weights"] = "ema" if cfg.ema.enabled else "model"  # what the run ships
         self.tracked = f"ema_{self.task.metric}" if cfg.ema.enabled else self.task.metric
@@ -346,9 +384,42 @@ class Trainer:
         finally:
             cleanup()
 
-    def _prepare_run_dir(self) -> None:
+    def _resumes_newest(self) -> bool:
+        """Whether the resumed checkpoint is its run dir's newest state (its last.pt, or a copy).
+
+        Continuing in place from anything older (a best.pt behind last.pt) would overwrite
+        last.pt with another lineage and repeat epochs in metrics.csv.
+        """
+        last = self.resume_path.parent / "last.pt"
+        if self.resume_path.name == last.name:
+            return True
+        try:
+            return load_checkpoint(last, resume=True)["state"] == self.ckpt["state"]
+        except (OSError, ValueError):  # no (readable) last.pt: nothing to continue there
+            return False
+
+    def _fork_run_dir(self) -> Path:
+        """A new run dir beside the resumed one, which is left exactly as it is."""
+        old = self.resume_path.parent
+        new = make_run_dir(old.parent, self.meta["model_name"])
+        s = self.state
+        at_best = bool(self.history) and self.history[-1].get(self.tracked) == s.best
+        if at_best and not s.step_in_epoch:  # the resumed epoch is this lineage's best so far
+            atomic_save(self.ckpt, new / "best.pt")
+        print(
+            f"{self.resume_path} is not the newest state of {old}; continuing in a new run dir "
+            f"{new} and leaving {old} as it is",
+            flush=True,
+        )
+        return new
+
+    def _prepare_run_dir(self) -> bool:
+        """Pick the run dir (rank 0 creates it); True when a resume starts a new one."""
+        forked = False
         if self.resume_path is not None:
             self.run_dir = self.resume_path.parent  # continue the same run
+            if is_main() and not self._resumes_newest():  # ...unless it has moved on since
+                forked, self.run_dir = True, self._fork_run_dir()
         elif self._run_dir is not None:
             self.run_dir = self._run_dir
             if is_main():
@@ -359,6 +430,7 @@ class Trainer:
             self.run_dir = Path(self.cfg.run.out_dir)
         if is_main():
             save_config(self.cfg, self.run_dir / "config.yaml")
+        return forked
 
     def _fit(self) -> dict[str, float]:
         cfg, s = self.cfg, self.state
@@ -368,8 +440,16 @@ class Trainer:
                 f"the training split has {len(self.train_ds)} images, fewer than one batch "
                 f"(data.batch_size={self.task.batch_size} per process); lower data.batch_size"
             )
-        self._prepare_run_dir()
+        if s.epoch >= cfg.sched.epochs:
+            raise ValueError(
+                f"{self.resume_path} has already trained {s.epoch} epochs of "
+                f"sched.epochs={cfg.sched.epochs}; raise --epochs to train on"
+            )
+        forked = self._prepare_run_dir()
         logger = MetricLogger(self.run_dir, cfg.run.tensorboard) if is_main() else None
+        if logger is not None and forked:  # the new metrics.csv starts with the epochs inherited
+            for row in self.history:
+                logger.epoch(row)
         if is_main():
             n_params = sum(p.numel() for p in self.model.parameters())
             print(

@@ -19,12 +19,19 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data.grasp import GraspAugment, build_grasp_datasets, grasp_collate
 from ..grasp import MAP_KEYS, WIDTH_SCALE, batch_grasp_correct, decode_grasps
-from ..models import create_model, load_pretrained
-from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
+from ..models import create_model, get_model_entry, load_pretrained
+from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_curves
 
-__all__ = ["GraspConfig", "GraspDataConfig", "GraspTask", "draw_grasps", "restore_grasp_model"]
+__all__ = [
+    "GraspConfig",
+    "GraspDataConfig",
+    "GraspTask",
+    "check_grasp_model",
+    "draw_grasps",
+    "restore_grasp_model",
+]
 
 
 @dataclass
@@ -136,8 +143,20 @@ def _bce(prob: torch.Tensor, target: torch.Tensor, eps: float = 1e-6) -> torch.T
     return -(target * p.log() + (1 - target) * (1 - p).log()).mean()
 
 
+def check_grasp_model(name: str) -> None:
+    """Refuse a classifier up front; its logits would fail in the loss as an IndexError."""
+    get_model_entry(name)  # an unknown name gets the registry's own error
+    grasp = grasp_models()
+    if name not in grasp:
+        raise ValueError(
+            f"model.name={name!r} is a classification model, not a grasp model; "
+            f"use one of {', '.join(grasp)} (or train it with train_cls.py)"
+        )
+
+
 def build_grasp_model(cfg: GraspConfig) -> nn.Module:
     """The registered grasp model with channels from the configured input."""
+    check_grasp_model(cfg.model.name)
     if cfg.data.input not in IN_CHANS:
         raise ValueError(f"data.input must be one of {sorted(IN_CHANS)}, got {cfg.data.input!r}")
     return create_model(
@@ -161,6 +180,13 @@ class GraspTask:
             raise ValueError(
                 f"loss.geometry must be one of {list(_GEOMETRY)}, got {cfg.loss.geometry!r}"
             )
+        if cfg.data.output_size < 1:
+            raise ValueError(f"data.output_size must be >= 1, got {cfg.data.output_size}")
+        if cfg.data.crop_size < 0:
+            raise ValueError(
+                f"data.crop_size must be >= 0 (0: the shorter image side), got {cfg.data.crop_size}"
+            )
+        check_grasp_model(cfg.model.name)
         self.cfg = cfg
         self.batch_size = cfg.data.batch_size
         self.num_workers = cfg.data.num_workers

@@ -12,13 +12,18 @@ from ..config import ConfigError, apply_overrides, parse_cli_overrides
 from .checkpoint import load_checkpoint
 from .engine import NonFiniteLossError
 
-__all__ = ["base_parser", "resolve_config", "run_cli"]
+__all__ = ["TASKS", "base_parser", "resolve_config", "run_cli"]
 
 T = TypeVar("T")
 
 
+# task (checkpoint meta) -> what to call it, and the script that trains it
+TASKS = {"cls": ("classification", "train_cls.py"), "grasp": ("grasp", "train_grasp.py")}
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
-    """Flags common to every training script; ``key.sub=value`` overrides go last."""
+    """Flags common to every training script; parse with ``parse_intermixed_args`` so
+    ``key.sub=value`` overrides may come anywhere, before or after the flags."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", help="YAML file listing what differs from the defaults")
     p.add_argument("--model", help="a short recipe name (see configs/) or a registered model")
@@ -37,14 +42,24 @@ def resolve_config(
     config_dir: Path,
     recipe_suffix: str,
     extra: dict[str, Any] | None = None,
+    *,
+    task: str,
 ) -> T:
     """Defaults <- (checkpoint config | recipe YAML | --config) <- flags <- overrides.
 
     ``--model vit`` picks ``<config_dir>/vit<recipe_suffix>.yaml`` when it exists;
-    any other name is taken as a registered model.
+    any other name is taken as a registered model. ``task`` (a key of ``TASKS``) is what
+    the calling script trains; a checkpoint of another task is refused.
     """
     from .config import load_config
 
+    if args.eval_only and not args.resume:
+        raise ValueError("--eval-only needs --resume CHECKPOINT (it would score random weights)")
+    if args.resume and args.config:
+        raise ValueError(
+            "--config cannot be combined with --resume: a resumed run keeps its checkpoint's "
+            "config (change single keys with key=value)"
+        )
     over: dict[str, Any] = {}
     cfg_path = args.config
     if args.model:
@@ -60,9 +75,23 @@ def resolve_config(
     over.update(extra or {})
     over.update(parse_cli_overrides(args.overrides))
     if args.resume:
+        if "run.out_dir" in over:
+            raise ValueError(
+                "--out-dir (run.out_dir) cannot be combined with --resume: the run continues "
+                "in its checkpoint's run dir, or in a new one beside it"
+            )
         over.setdefault("run.stop_after", 0)  # a per-invocation limit, not part of the recipe
         ckpt = load_checkpoint(args.resume)
-        base = apply_overrides(default, ckpt["config"])
+        kind = ckpt["meta"].get("task") if isinstance(ckpt["meta"], dict) else None
+        if kind != task and kind in TASKS:
+            raise ValueError(
+                f"{args.resume} is a {TASKS[kind][0]} checkpoint; use {TASKS[kind][1]} "
+                f"(this script trains {TASKS[task][0]} models)"
+            )
+        try:
+            base = apply_overrides(default, ckpt["config"])
+        except ConfigError as e:
+            raise ConfigError(f"{args.resume}: the checkpoint's config: {e}") from None
         if args.model and over.get("model.name", base.model.name) != base.model.name:
             raise ValueError(
                 f"{args.resume} holds a {base.model.name!r} checkpoint, "
@@ -89,6 +118,6 @@ def run_cli(main: Callable[[], Any]) -> None:
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
-    except (ValueError, FileNotFoundError, ConfigError, NotADirectoryError) as e:
+    except (ValueError, FileNotFoundError, ConfigError, NotADirectoryError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
