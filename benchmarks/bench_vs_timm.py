@@ -8,9 +8,9 @@ For every case (model x precision x batch x threads x mode) both models run in a
 rounds (ours, timm, timm, ours, ...) so machine noise hits both alike; each reports its
 median time per step. "speedup" is timm time / ours time (> 1: ours is faster). GFLOP/s
 counts 2 FLOPs per multiply-add (``torch.utils.flop_counter``); a training step is counted
-as 3x the forward. The matmul ceiling is the best of ~1 s of 2048x2048 matmuls timed in the
-same run at the same thread count and precision (the best, since a busy machine only ever
-slows a run down).
+as 3x the forward. The matmul ceiling is the best single 512², 1024² or 2048² matmul over
+~2 s of each, timed in the same run at the same thread count and precision (the best, since
+a busy machine only ever slows a run down).
 
 Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 weights for
 the bf16 case); training uses the plain model. ``--compile`` adds ``torch.compile`` to ours
@@ -219,7 +219,7 @@ def main() -> None:
                             flush=True,
                         )
     print(
-        "\nmatmul ceiling (2048^2): "
+        "\nmatmul ceiling (best of 512^2, 1024^2, 2048^2): "
         + ", ".join(f"{prec} {t} thr {v:.0f} GFLOP/s" for (t, prec), v in ceilings.items())
     )
     print(
