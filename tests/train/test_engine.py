@@ -94,6 +94,18 @@ def test_resume_from_an_older_checkpoint_forks_a_new_run_dir(tmp_path, capsys):
         assert torch.equal(v, new["model"][k]), k
 
 
+def test_resume_with_more_epochs_follows_the_longer_schedule(tmp_path, capsys):
+    """Resuming with a larger sched.epochs stretches the cosine, as a fresh run of that length
+    would have it, instead of staying at min_lr after the old end."""
+    full, _ = run(tiny_cfg(tmp_path / "a", **{"sched.epochs": 4}))
+    part, _ = run(tiny_cfg(tmp_path / "b", **{"sched.epochs": 2, "run.stop_after": 1}))
+    resumed, _ = run(tiny_cfg(tmp_path / "b", **{"sched.epochs": 4}), part.run_dir / "last.pt")
+    assert "the schedule differs from the checkpoint's (8 -> 16 updates)" in capsys.readouterr().out
+    lrs = [row["lr"] for row in resumed.history]
+    assert lrs[1:] == pytest.approx([row["lr"] for row in full.history][1:], rel=1e-9)
+    assert lrs[1] > 10 * resumed.cfg.sched.min_lr  # not stuck at the old schedule's floor
+
+
 def test_checkpoint_contents_and_outputs(tmp_path, capsys):
     trainer, metrics = run(
         tiny_cfg(

@@ -286,7 +286,7 @@ class Trainer:
     def _restore(self, ck: dict[str, Any]) -> None:
         self.model.load_state_dict(ck["model"])
         self.optimizer.load_state_dict(ck["optimizer"])
-        self.scheduler.load_state_dict(ck["scheduler"])
+        self._restore_schedule(ck["scheduler"], ck["state"]["num_updates"])
         if self.ema is not None and ck.get("ema") is not None:
             self.ema.load_state_dict(ck["ema"])
         self.scaler.load_state_dict(ck["scaler"])
@@ -294,6 +294,27 @@ class Trainer:
         self.state = _State(s["epoch"], s["step_in_epoch"], s["num_updates"], s["best"])
         self.history = list(ck.get("history", []))
         self._resume_rng = ck.get("rng")
+
+    def _restore_schedule(self, saved: dict[str, Any], num_updates: int) -> None:
+        """Continue the saved schedule, unless the config now asks for another one.
+
+        The scheduler's state holds its length, so loading it as is would keep a run resumed
+        with a larger ``--epochs`` at ``min_lr`` after the old end. A changed schedule is
+        rebuilt from the config and picked up at the current update instead.
+        """
+        shape = ("t_initial", "warmup_t", "lr_min", "warmup_lr_init")
+        new = self.scheduler.state_dict()
+        if all(saved.get(k) == new[k] for k in shape):
+            self.scheduler.load_state_dict(saved)
+            return
+        self.scheduler.step_update(num_updates=num_updates)
+        if is_main():
+            old_total, new_total = (d["t_initial"] + d["warmup_t"] for d in (saved, new))
+            print(
+                f"the schedule differs from the checkpoint's ({old_total} -> {new_total} "
+                f"updates); following the new one from update {num_updates}",
+                flush=True,
+            )
 
     def _num_batches(self) -> int:
         n = len(self.train_ds)
