@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -287,13 +289,25 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm.set_defaults(fn=cmd_benchmark)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """``kill`` (SIGTERM) would end the process on the spot; raising instead lets the
+    staging folders and temp files of an export or benchmark be cleaned up on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    prev = None
+    if threading.current_thread() is threading.main_thread():  # signals only work there
+        prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         args.fn(args)
     except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
 
 
 if __name__ == "__main__":

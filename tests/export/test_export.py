@@ -207,6 +207,24 @@ def test_data_root_that_moved_is_named_and_data_points_at_it(
     assert "--data: nowhere does not exist" in err
 
 
+def test_killed_export_leaves_no_staging_folder(tmp_path: Path) -> None:
+    """``kill`` mid-export: the staging folder goes with it and nothing is installed."""
+    import signal
+    import time
+
+    ckpt = cls_checkpoint(tmp_path, "vit_mnist")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "vision_tfm.cli", "export", "--checkpoint", str(ckpt)]
+    proc = subprocess.Popen([*cmd, "--out", str(out / "m.onnx"), "--int8", "both"])
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".vtfm-export-*")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the export never started staging"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert list(out.iterdir()) == []
+
+
 def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
     tmp_path: Path, capsys
 ) -> None:
