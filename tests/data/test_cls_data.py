@@ -191,6 +191,9 @@ def test_config_errors_name_the_field() -> None:
         build_eval_transform(DataConfig(mean=(0.5, 0.5), std=(0.5, 0.5)))
     with pytest.raises(ValueError, match=r"data\.crop_pct=1\.5 must be in"):
         build_eval_transform(DataConfig(crop_pct=1.5))
+    # timm's Mixup pairs each image with its mirror: an odd batch failed at the first step
+    with pytest.raises(ValueError, match=r"need an even data\.batch_size \(per process\), got 5"):
+        build_train_transform(DataConfig(batch_size=5), AugConfig(cutmix=1.0))
 
 
 def test_mean_std_defaults() -> None:
@@ -315,6 +318,19 @@ def test_load_image_channels(tmp_path: Path) -> None:
     rgb = load_image(path, 3)
     assert rgb.shape == (4, 5, 3) and rgb.dtype == np.uint8 and (rgb == 77).all()
     assert load_image(path, 1).shape == (4, 5, 1)
+
+
+def test_load_image_scales_16_bit_gray(tmp_path: Path) -> None:
+    """Pillow's convert clips 16-bit gray at 255; it must be scaled (65535 -> 255) instead."""
+    ramp = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 16  # 0 .. 65520
+    Image.fromarray(ramp).save(tmp_path / "g16.png")
+    for chans in (1, 3):
+        img = load_image(tmp_path / "g16.png", chans)
+        assert img.dtype == np.uint8 and img.shape == (64, 64, chans)
+        assert np.abs(img[..., 0].astype(int) - np.round(ramp / 257)).max() <= 1
+    Image.fromarray(np.ones((4, 4), np.float32)).save(tmp_path / "f.tiff")
+    with pytest.raises(ValueError, match=r"f\.tiff: 32-bit float pixels \(mode F\)"):
+        load_image(tmp_path / "f.tiff", 1)
 
 
 # ---------------------------------------------------------------------------- CIFAR-10

@@ -134,3 +134,15 @@ def test_batch_grasp_correct_on_model_like_output() -> None:
     assert batch_grasp_correct(out, gts) == [True, True]
     wrong = [gts[1], gts[0]]
     assert batch_grasp_correct(out, wrong, top_n=2) == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("opening", "jaw", "angle"), [(60, 20, 0.0), (150, 60, 0.0), (150, 60, 0.7854)]
+)
+def test_decoded_centre_of_a_flat_topped_peak_is_its_middle(opening, jaw, angle) -> None:
+    """An encoded rectangle's quality map is a plateau of 1.0; its raster-first pixel (the
+    top-left corner) used to be taken as the centre, up to 28 px off."""
+    maps = encode_grasp_maps([Grasp(112, 112, angle, opening, jaw)], (224, 224))
+    (g,) = decode_grasps(*(maps[k] for k in MAP_KEYS))
+    assert math.hypot(g.x - 112, g.y - 112) <= 1.0
+    assert g.angle == pytest.approx(angle, abs=1e-3) and g.opening == pytest.approx(opening)

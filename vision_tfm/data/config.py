@@ -116,6 +116,12 @@ def check_configs(cfg: DataConfig, aug: AugConfig | None = None) -> None:
         raise ValueError(f"data.std={cfg.std} must be positive")
     if aug is not None and aug.kind not in AUG_KINDS:
         raise ValueError(f"aug.kind={aug.kind!r} is unknown; expected one of {AUG_KINDS}")
+    if aug is not None and (aug.mixup > 0 or aug.cutmix > 0) and cfg.batch_size % 2:
+        # timm's Mixup pairs each image with its mirror in the batch and asserts an even size
+        raise ValueError(
+            f"aug.mixup / aug.cutmix need an even data.batch_size (per process), "
+            f"got {cfg.batch_size}"
+        )
 
 
 def resolve_in_chans(cfg: DataConfig) -> int:

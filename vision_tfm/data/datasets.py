@@ -78,10 +78,23 @@ def load_image(path: str | Path, in_chans: int = 3) -> np.ndarray:
     try:
         with Image.open(path) as im:
             # convert() forces the full decode, so truncation surfaces here, not later.
-            arr = np.asarray(im.convert("L" if in_chans == 1 else "RGB"))
+            arr = np.asarray(_as_8bit(im, path).convert("L" if in_chans == 1 else "RGB"))
     except (OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"cannot decode image {path}: {e}") from None
     return arr[:, :, None] if in_chans == 1 else arr
+
+
+def _as_8bit(im: Image.Image, path: Path) -> Image.Image:
+    """16-bit gray to 8-bit by scaling; Pillow's own convert would clip everything above 255
+    (a 16-bit PNG came out 99.6% white)."""
+    if im.mode.startswith("I;16") or im.mode == "I":
+        a = np.asarray(im, dtype=np.int64)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise ValueError(f"{im.mode} pixels outside 0..65535; expected an 8- or 16-bit image")
+        return Image.fromarray(((a + 128) // 257).astype(np.uint8), "L")  # 65535 -> 255
+    if im.mode == "F":
+        raise ValueError("32-bit float pixels (mode F) have no fixed range; save as 8 or 16 bit")
+    return im
 
 
 def _check_dir(path: Path, what: str) -> None:

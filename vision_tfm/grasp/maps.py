@@ -104,11 +104,23 @@ def _local_peaks(
     """Up to ``num`` local maxima, best first, pairwise further apart than ``min_distance``.
 
     A pixel is a candidate when it equals the max over its ``(2d+1)^2`` window (grey dilation,
-    like skimage's ``peak_local_max``); plateaus are then thinned greedily by Chebyshev distance.
+    like skimage's ``peak_local_max``). Touching candidates form a plateau of one value, which
+    stands for one peak at its middle (the candidate nearest its centroid): taking the first
+    pixel in raster order put the centre of a flat-topped peak, such as an encoded ground
+    truth, at the plateau's top-left corner (up to 28 px off). Peaks are then thinned
+    greedily by Chebyshev distance, best first.
     """
     size = 2 * min_distance + 1
     window_max = cv2.dilate(q, np.ones((size, size), np.uint8))
-    rows, cols = np.nonzero((q >= window_max) & (q >= threshold))
+    mask = ((q >= window_max) & (q >= threshold)).astype(np.uint8)
+    n, labels = cv2.connectedComponents(mask, connectivity=8)
+    rows, cols = np.nonzero(mask)
+    lab = labels[rows, cols]
+    count = np.maximum(np.bincount(lab, minlength=n), 1)
+    cy, cx = np.bincount(lab, rows, n) / count, np.bincount(lab, cols, n) / count
+    by_label = np.lexsort(((rows - cy[lab]) ** 2 + (cols - cx[lab]) ** 2, lab))
+    first = by_label[np.r_[True, lab[by_label][1:] != lab[by_label][:-1]]] if len(lab) else []
+    rows, cols = rows[first], cols[first]
     order = np.argsort(-q[rows, cols], kind="stable")
     peaks: list[tuple[int, int]] = []
     for r, c in zip(rows[order], cols[order]):
