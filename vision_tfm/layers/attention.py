@@ -105,9 +105,19 @@ class Attention(nn.Module):
         if rope is not None:
             q = apply_rope(q, rope, num_prefix_tokens)
             k = apply_rope(k, rope, num_prefix_tokens)
-        attn_bias = merge_bias_and_mask(bias, mask, q.dtype)
+        fused = self._fused_wins(q, return_attn)
+        # bf16/fp16 inference on the explicit path adds the bias in fp32 (the logits promote)
+        # and takes an fp32 softmax: on CPU 1.5x faster than the bf16 kernel on Swin windows.
+        # Under autograd the fp32 backward costs more than that saves (10-13% slower steps).
+        up = (
+            bias is not None
+            and not fused
+            and not q.requires_grad
+            and q.dtype in (torch.bfloat16, torch.float16)
+        )
+        attn_bias = merge_bias_and_mask(bias, mask, torch.float32 if up else q.dtype)
 
-        if self._fused_wins(q, return_attn):
+        if fused:
             drop = self.attn_drop.p if self.training else 0.0
             folded = q.dim() > 4
             if folded:
@@ -130,7 +140,7 @@ class Attention(nn.Module):
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (..., h, N, N)
             if attn_bias is not None:
                 logits = logits + attn_bias
-            attn = logits.softmax(dim=-1)
+            attn = logits.softmax(dim=-1).to(v.dtype)
             out = self.attn_drop(attn) @ v  # (..., h, N, d)
             if self.store_attn:
                 self.last_attn = attn.detach()
