@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import vision_tfm as vt
-from vision_tfm.export.flops import count_flops, matmul_ceiling
+from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 
 PAIRS = {
     "vit": ("vit_small_patch16_224", "vit_small_patch16_224"),
@@ -218,8 +218,9 @@ def main() -> None:
                             + (f"  compile {r['compile_s']:.0f} s" if args.compile else ""),
                             flush=True,
                         )
+    print(f"\nCPU: {cpu_description()}; torch {torch.__version__}, timm {timm.__version__}")
     print(
-        "\nmatmul ceiling (best of 512^2, 1024^2, 2048^2): "
+        "matmul ceiling (best of 512^2, 1024^2, 2048^2): "
         + ", ".join(f"{prec} {t} thr {v:.0f} GFLOP/s" for (t, prec), v in ceilings.items())
     )
     print(

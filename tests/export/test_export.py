@@ -466,6 +466,18 @@ def test_attention_switch_probes_token_rank_and_restores(tmp_path: Path) -> None
         assert all(m.fused for m in model.modules() if hasattr(m, "fused"))
 
 
+def test_cpu_description_names_model_and_matrix_isa(tmp_path) -> None:
+    from vision_tfm.export import cpu_description
+
+    info = tmp_path / "cpuinfo"
+    core = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_int8\n"
+    info.write_text(f"processor\t: 0\n{core}\nprocessor\t: 1\n{core}")
+    assert cpu_description(info) == "AMD EPYC 9R14 [avx2 avx512f avx512_bf16 amx_int8]"
+    info.write_text("model name\t: Some CPU\nflags\t\t: fpu sse\n")
+    assert cpu_description(info) == "Some CPU"
+    assert cpu_description(tmp_path / "missing")  # no /proc: falls back to platform's name
+
+
 def test_flops_follow_the_two_per_multiply_add_convention() -> None:
     from vision_tfm.export import count_flops, matmul_ceiling
     from vision_tfm.export.benchmark import time_runs

@@ -6,7 +6,7 @@ the OpenVINO rows need ``openvino`` (in ``dev``, or the ``openvino`` extra alone
 """
 
 from .benchmark import FORMATS, BenchOptions, benchmark_checkpoint, write_tables
-from .flops import count_flops, matmul_ceiling
+from .flops import count_flops, cpu_description, matmul_ceiling
 from .onnx import ParityError, check_parity, export_onnx
 from .pipeline import ExportOptions, export_checkpoint
 from .quantize import calibration_images, quantize_int8
@@ -22,6 +22,7 @@ __all__ = [
     "calibration_images",
     "check_parity",
     "count_flops",
+    "cpu_description",
     "export_checkpoint",
     "export_onnx",
     "load_source",

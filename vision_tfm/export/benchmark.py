@@ -29,7 +29,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from .flops import count_flops, matmul_ceiling, torch_threads
+from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
 from .onnx import (
     ATTENTION_OPSET,
     DEFAULT_OPSET,
@@ -331,8 +331,7 @@ def benchmark_checkpoint(
         "threads": opts.threads,
         "batch": opts.batch,
         "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip()
-        + f", {os.cpu_count()} logical CPUs",
+        "machine": f"{platform.machine()}, {cpu_description()}, {os.cpu_count()} logical CPUs",
         # the runtime's version decides the kernels and fusions the ONNX rows measure
         "versions": {
             **source.describe()["versions"],

@@ -7,6 +7,8 @@ counted; norms, softmax and activations are left out, as every FLOP table does.
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["count_flops", "matmul_ceiling", "torch_threads"]
+__all__ = ["count_flops", "cpu_description", "matmul_ceiling", "torch_threads"]
 
 
 def count_flops(model: nn.Module, x: torch.Tensor) -> float:
@@ -24,6 +26,33 @@ def count_flops(model: nn.Module, x: torch.Tensor) -> float:
     with counter, torch.inference_mode():
         model(x)
     return counter.get_total_flops() / x.shape[0]
+
+
+# the ISA extensions that decide fp32 / bf16 / int8 kernel speed, in the order they appeared
+_MATRIX_ISA = ("avx2", "avx512f", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """CPU model and its matrix ISA extensions, logged with every speed table.
+
+    Ratios between formats move with the CPU: ORT int8-dynamic over fp32 at batch 1 measured
+    1.95x for the same ViT on one 2-core machine and 1.44x on an AVX-512 EPYC.
+    """
+    name, flags = "", set()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not name:
+                    name = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass  # not Linux: platform's answer is all there is
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    isa = [f for f in _MATRIX_ISA if f in flags]
+    return f"{name} [{' '.join(isa)}]" if isa else name
 
 
 @contextmanager
