@@ -81,6 +81,16 @@ def test_decode_min_distance_on_plateau() -> None:
     assert gaps.min() > 8
 
 
+def test_decode_without_suppression_keeps_the_max_and_adjacent_peaks() -> None:
+    q = np.zeros((20, 20), np.float32)
+    q[5, 5:9] = [1.0, 0.9, 0.8, 0.7]  # one touching ramp, not a plateau
+    zeros = np.zeros_like(q)
+    grasps = decode_grasps(q, zeros, zeros, zeros, num_grasps=3, min_distance=0, quality_sigma=0)
+    assert [(g.x, g.y) for g in grasps] == [(5.0, 5.0), (6.0, 5.0), (7.0, 5.0)]
+    with pytest.raises(ValueError, match="min_distance >= 0 and num_grasps >= 1, got -1 and 1"):
+        decode_grasps(q, zeros, zeros, zeros, min_distance=-1)
+
+
 def test_decode_smooths_cos_sin_not_angle() -> None:
     # +85 deg left of the peak, -85 deg right of it: both nearly vertical. Averaging raw angles
     # would give 0 (horizontal); averaging cos 2θ / sin 2θ keeps it vertical.

@@ -168,6 +168,8 @@ def test_unknown_loss_names_are_one_line_errors(key, value, msg):
     [
         ("data.output_size", 0, "data.output_size must be >= 1, got 0"),
         ("data.crop_size", -300, "data.crop_size must be >= 0"),
+        ("eval.min_distance", -1, "eval.min_distance must be >= 0"),
+        ("eval.top_n", 0, "eval.top_n >= 1, got 10 and 0"),
         ("model.name", "vit_mnist", "'vit_mnist' is a classification model, not a grasp model"),
     ],
 )

@@ -113,14 +113,15 @@ def _local_peaks(
     size = 2 * min_distance + 1
     window_max = cv2.dilate(q, np.ones((size, size), np.uint8))
     mask = ((q >= window_max) & (q >= threshold)).astype(np.uint8)
-    n, labels = cv2.connectedComponents(mask, connectivity=8)
     rows, cols = np.nonzero(mask)
-    lab = labels[rows, cols]
-    count = np.maximum(np.bincount(lab, minlength=n), 1)
-    cy, cx = np.bincount(lab, rows, n) / count, np.bincount(lab, cols, n) / count
-    by_label = np.lexsort(((rows - cy[lab]) ** 2 + (cols - cx[lab]) ** 2, lab))
-    first = by_label[np.r_[True, lab[by_label][1:] != lab[by_label][:-1]]] if len(lab) else []
-    rows, cols = rows[first], cols[first]
+    if min_distance > 0:  # at 0 every pixel is a candidate and touching ones may differ
+        n, labels = cv2.connectedComponents(mask, connectivity=8)
+        lab = labels[rows, cols]
+        count = np.maximum(np.bincount(lab, minlength=n), 1)
+        cy, cx = np.bincount(lab, rows, n) / count, np.bincount(lab, cols, n) / count
+        by_label = np.lexsort(((rows - cy[lab]) ** 2 + (cols - cx[lab]) ** 2, lab))
+        first = by_label[np.r_[True, lab[by_label][1:] != lab[by_label][:-1]]] if len(lab) else []
+        rows, cols = rows[first], cols[first]
     order = np.argsort(-q[rows, cols], kind="stable")
     peaks: list[tuple[int, int]] = []
     for r, c in zip(rows[order], cols[order]):
@@ -171,6 +172,11 @@ def decode_grasps(
     Returns:
         List of :class:`Grasp` in map-pixel coordinates with the smoothed quality.
     """
+    if min_distance < 0 or num_grasps < 1:
+        raise ValueError(
+            "decode needs min_distance >= 0 and num_grasps >= 1, "
+            f"got {min_distance} and {num_grasps}"
+        )
     q = _blur(_to_map(quality), quality_sigma)
     c = _blur(_to_map(cos), angle_sigma)
     s = _blur(_to_map(sin), angle_sigma)

@@ -186,6 +186,11 @@ class GraspTask:
             raise ValueError(
                 f"data.crop_size must be >= 0 (0: the shorter image side), got {cfg.data.crop_size}"
             )
+        if cfg.eval.min_distance < 0 or cfg.eval.top_n < 1:
+            raise ValueError(
+                f"eval.min_distance must be >= 0 and eval.top_n >= 1, "
+                f"got {cfg.eval.min_distance} and {cfg.eval.top_n}"
+            )
         check_grasp_model(cfg.model.name)
         self.cfg = cfg
         self.batch_size = cfg.data.batch_size
