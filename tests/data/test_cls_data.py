@@ -328,6 +328,11 @@ def test_load_image_scales_16_bit_gray(tmp_path: Path) -> None:
         img = load_image(tmp_path / "g16.png", chans)
         assert img.dtype == np.uint8 and img.shape == (64, 64, chans)
         assert np.abs(img[..., 0].astype(int) - np.round(ramp / 257)).max() <= 1
+    # 32-bit int (mode I) has no bit depth: 8-bit-range data stays, wider data is scaled
+    Image.fromarray((ramp // 257).astype(np.int32)).save(tmp_path / "i8.tiff")
+    Image.fromarray(ramp.astype(np.int32)).save(tmp_path / "i16.tiff")
+    assert (load_image(tmp_path / "i8.tiff", 1)[..., 0] == ramp // 257).all()
+    assert np.abs(load_image(tmp_path / "i16.tiff", 1)[..., 0] - np.round(ramp / 257)).max() <= 1
     Image.fromarray(np.ones((4, 4), np.float32)).save(tmp_path / "f.tiff")
     with pytest.raises(ValueError, match=r"f\.tiff: 32-bit float pixels \(mode F\)"):
         load_image(tmp_path / "f.tiff", 1)

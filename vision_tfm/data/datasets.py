@@ -86,11 +86,17 @@ def load_image(path: str | Path, in_chans: int = 3) -> np.ndarray:
 
 def _as_8bit(im: Image.Image, path: Path) -> Image.Image:
     """16-bit gray to 8-bit by scaling; Pillow's own convert would clip everything above 255
-    (a 16-bit PNG came out 99.6% white)."""
+    (a 16-bit PNG came out 99.6% white).
+
+    32-bit integer images (mode I, e.g. TIFF) carry no bit depth: values up to 255 are read
+    as 8-bit data saved wide, anything larger as 16-bit.
+    """
     if im.mode.startswith("I;16") or im.mode == "I":
         a = np.asarray(im, dtype=np.int64)
         if a.size and (a.min() < 0 or a.max() > 65535):
             raise ValueError(f"{im.mode} pixels outside 0..65535; expected an 8- or 16-bit image")
+        if im.mode == "I" and (not a.size or a.max() <= 255):
+            return Image.fromarray(a.astype(np.uint8), "L")
         return Image.fromarray(((a + 128) // 257).astype(np.uint8), "L")  # 65535 -> 255
     if im.mode == "F":
         raise ValueError("32-bit float pixels (mode F) have no fixed range; save as 8 or 16 bit")
