@@ -67,6 +67,13 @@ def test_optimize_bf16_weights_stay_close():
         out = fast(x.bfloat16()).float()
     assert fast.patch_embed.proj.weight.dtype == torch.bfloat16
     assert (out - ref).abs().max().item() < 0.1
+    # the frozen bias is a (non-saved) buffer, so .to() moves and casts it with the weights
+    attn = fast.layers[0].blocks[0].attn
+    assert attn.frozen_bias.dtype == torch.bfloat16 and "frozen_bias" not in str(fast.state_dict())
+    with torch.no_grad():
+        back = fast.to(torch.float32)(x)
+    assert attn.frozen_bias.dtype == torch.float32
+    assert (back - ref).abs().max().item() < 0.05
 
 
 def test_optimize_compiled_matches_eager():

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from .layers import Attention, Block, LayerScale, set_fused_attn
+from .layers import Block, LayerScale, set_fused_attn
 
 __all__ = ["optimize_for_inference"]
 
@@ -113,10 +113,7 @@ def optimize_for_inference(
         if hasattr(m, "freeze_bias"):
             m.freeze_bias()
     if dtype is not None:
-        model.to(dtype)
-        for m in model.modules():
-            if isinstance(m, Attention) and getattr(m, "frozen_bias", None) is not None:
-                m.frozen_bias = m.frozen_bias.to(dtype)
+        model.to(dtype)  # frozen biases are buffers: cast with the weights
     model.inference_optimized = True
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position

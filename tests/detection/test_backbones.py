@@ -209,7 +209,7 @@ def test_detector_trains_and_predicts_at_two_sizes(kind, name):
         (lambda: vt.create_backbone("swin_tiny_patch4", (0,)), "unknown model name"),
         (lambda: vt.create_backbone("hybrid_test"), "no detection backbone"),
         (lambda: vt.create_backbone(SWIN, frozen_stages=5), "frozen_stages"),
-        (lambda: vt.create_backbone(VIT, patch_size=12, **TINY[VIT]), "power-of-two"),
+        (lambda: vt.create_backbone(VIT, patch_size=12, img_size=96, **TINY[VIT]), "power-of-two"),
         (lambda: vt.detection.build_detector("yolo", VIT, 2), "unknown detector"),
         (
             lambda: vt.detection.build_detector("fasterrcnn", VIT, num_classes=0),

@@ -41,6 +41,20 @@ def test_fused_and_explicit_attention_agree_with_bias_and_mask(qk_norm):
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
 
 
+def test_a_query_with_no_allowed_key_gets_zeros_on_both_paths():
+    torch.manual_seed(0)
+    attn = Attention(16, 2).eval()
+    x = torch.randn(1, 9, 16)
+    mask = torch.ones(9, 9, dtype=torch.bool)
+    mask[0] = False  # query 0 may attend to nothing
+    with torch.no_grad():
+        fused = attn(x, mask=mask)
+        with fused_attn(attn, False):
+            explicit = attn(x, mask=mask)
+    torch.testing.assert_close(explicit, fused, atol=1e-6, rtol=0)
+    torch.testing.assert_close(explicit[0, 0], attn.proj.bias)  # zero attention output
+
+
 def test_bf16_on_cpu_takes_explicit_path_with_fp32_softmax_and_matches_fp32(monkeypatch):
     torch.manual_seed(0)
     attn = Attention(64, 4).eval()

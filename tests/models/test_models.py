@@ -134,6 +134,7 @@ def test_registry_and_overrides():
         ("vit_test", {"mlp_ratio": 0.0}, "mlp_ratio must be a number > 0, got 0.0"),
         ("vit_test", {"drop_path_rate": -0.1}, r"drop_path_rate must be a rate in \[0, 1\)"),
         ("vit_test", {"img_size": 4}, r"img_size 4 is smaller than one patch \(patch_size 8\)"),
+        ("vit_test", {"img_size": 36}, r"img_size 36 must be a multiple of patch_size 8"),
         ("vit_test_avg_rope", {"embed_dim": 36}, "a multiple of 4 \\* num_heads"),
         ("swin_test", {"embed_dim": 0}, "SwinTransformer config: embed_dim must be an integer"),
         ("swin_test", {"window_size": 0}, "window_size must be an integer >= 1, got 0"),
@@ -141,6 +142,7 @@ def test_registry_and_overrides():
         ("swin_test", {"num_heads": (1, 2)}, r"num_heads must be one entry per stage"),
         ("swin_test", {"num_heads": (1, 3, 2, 4)}, r"num_heads\[1\] must be a divisor of stage"),
         ("swin_test", {"mlp_ratio": -1.0}, "mlp_ratio must be a number > 0"),
+        ("swin_test", {"norm_place": "residual"}, "norm_place must be 'pre' or 'post', got 'res"),
     ],
 )
 def test_out_of_range_config_is_a_one_line_error_naming_model_and_field(name, kw, msg):

@@ -107,6 +107,19 @@ def test_head_of_other_class_count_is_left_at_init():
     torch.testing.assert_close(m.pos_embed, ref.pos_embed)
 
 
+@pytest.mark.parametrize("name", ["vit_test", "swin_test"])
+def test_head_is_dropped_for_a_feature_model_and_kept_at_init_when_missing(name):
+    clf = vt.create_model(name, num_classes=10).eval()
+    feat = vt.load_pretrained(vt.create_model(name, num_classes=0).eval(), clf.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(feat(x), clf.forward_head(clf.forward_features(x), True))
+    fresh = vt.create_model(name, num_classes=10)
+    with pytest.warns(UserWarning, match="head left at init: checkpoint has no classifier"):
+        vt.load_pretrained(fresh, feat.state_dict())
+    torch.testing.assert_close(fresh.state_dict()["norm.weight"], clf.state_dict()["norm.weight"])
+
+
 def test_checkpoint_of_another_architecture_is_refused(tmp_path):
     vit_sd = vt.create_model("vit_test").state_dict()
     with pytest.raises(

@@ -141,6 +141,8 @@ class Attention(nn.Module):
             if attn_bias is not None:
                 logits = logits + attn_bias
             attn = logits.softmax(dim=-1).to(v.dtype)
+            if mask is not None:  # a query with no allowed key gets zeros, as in SDPA, not NaN
+                attn = attn.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             out = self.attn_drop(attn) @ v  # (..., h, N, d)
             if self.store_attn:
                 self.last_attn = attn.detach()

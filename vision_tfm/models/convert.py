@@ -2,8 +2,10 @@
 
 ``load_pretrained`` detects the source layout from the keys, converts, resamples what
 depends on resolution (ViT position table), and loads strictly: anything missing or
-unexpected is listed in the error. The only tolerated difference is a classifier head of
-another class count, which is left at its fresh init and reported (fine-tuning use).
+unexpected is listed in the error. The only tolerated difference is the classifier head:
+one of another class count, or one the checkpoint lacks, is left at its fresh init and
+reported (fine-tuning use); a checkpoint's head is dropped for a model built without one
+(``num_classes=0``, a feature extractor).
 """
 
 from __future__ import annotations
@@ -235,7 +237,11 @@ def load_pretrained(
     sd = convert_state_dict(sd, source)
     own = model.state_dict()
     _check_fit(model, own, sd, source)
+    for k in [k for k in sd if k.startswith("head.") and k not in own]:
+        del sd[k]  # the model has no classifier (num_classes=0): features only
     missing = sorted(set(own) - set(sd))
+    headless = [k for k in missing if k.startswith("head.")]
+    missing = [k for k in missing if not k.startswith("head.")]
     unexpected = sorted(set(sd) - set(own))
     if strict and (missing or unexpected):
         raise ValueError(
@@ -245,9 +251,10 @@ def load_pretrained(
         )
     sd, dropped = _adapt(model, sd)
     model.load_state_dict(sd, strict=False)
-    if dropped:
+    if dropped or headless:
+        why = "has another class count" if dropped else "has no classifier"
         warnings.warn(
-            f"classifier head left at init: checkpoint has another class count ({dropped[0]})",
+            f"classifier head left at init: checkpoint {why} ({(dropped or headless)[0]})",
             stacklevel=2,
         )
     return model

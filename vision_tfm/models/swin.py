@@ -103,8 +103,8 @@ class WindowAttention(Attention):
             relative_position_index((window_size, window_size)),
             persistent=False,
         )
-
-    frozen_bias: torch.Tensor | None = None  # set by optimize_for_inference
+        # set by optimize_for_inference; a buffer so that model.to(device) moves it too
+        self.register_buffer("frozen_bias", None, persistent=False)
 
     def rel_bias(self) -> torch.Tensor:
         """``(heads, N, N)`` bias gathered from the table (or the frozen copy)."""
@@ -270,6 +270,11 @@ class SwinTransformer(nn.Module):
     def __init__(self, cfg: SwinConfig) -> None:
         super().__init__()
         check_config(cfg, type(self).__name__)
+        if cfg.norm_place not in ("pre", "post"):  # "residual" needs one token stream
+            raise ValueError(
+                f"{type(self).__name__} config: norm_place must be 'pre' or 'post', "
+                f"got {cfg.norm_place!r} ('residual' is for ViT and the hybrid)"
+            )
         self.cfg = cfg
         self.num_classes = cfg.num_classes
         self.in_chans = cfg.in_chans

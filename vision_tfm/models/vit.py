@@ -121,6 +121,11 @@ class VisionTransformer(nn.Module):
             raise ValueError(
                 f"img_size {cfg.img_size} is smaller than one patch (patch_size {cfg.patch_size})"
             )
+        if cfg.img_size % cfg.patch_size:
+            raise ValueError(
+                f"img_size {cfg.img_size} must be a multiple of patch_size {cfg.patch_size}: "
+                "the position table covers whole patches (other input sizes are fine at run time)"
+            )
         if cfg.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {cfg.global_pool!r}")
         if cfg.global_pool == "token" and not cfg.class_token:
