@@ -3,17 +3,19 @@
     python benchmarks/profile_vs_timm.py --models vit,swin --precisions fp32,bf16
     python benchmarks/profile_vs_timm.py --models swin --modes train --batch 16 --threads 2
 
-For each case it profiles a few steps of each model (after warmup) and prints the top ops by
-self CPU time as a Markdown table, then one line per model with the share of the step spent
-in GEMM kernels (``addmm``, ``mm``, ``bmm``, oneDNN linear) and in SDPA. A model whose step is
-mostly GEMM at a rate near the measured matmul ceiling (``bench_vs_timm.py``) cannot get much
-faster without doing fewer FLOPs; what is left is the non-GEMM remainder shown here.
+For each case it profiles a few steps of each model (after warmup; the two take turns step
+by step) and prints the top ops by self CPU time as a Markdown table, then one line per model
+with the share of the step spent in GEMM kernels (``addmm``, ``mm``, ``bmm``, oneDNN linear)
+and in SDPA. A model whose step is mostly GEMM at a rate near the measured matmul ceiling
+(``bench_vs_timm.py``) cannot get much faster without doing fewer FLOPs; what is left is the
+non-GEMM remainder shown here.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+from collections.abc import Callable
 
 import torch
 from bench_vs_timm import PAIRS, build, make_step, model_input
@@ -23,17 +25,24 @@ GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_addmm_activation", "mkld
 SDPA = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_flash_attention")
 
 
-def profile_step(step, steps: int) -> dict[str, tuple[float, int]]:
-    """Self CPU microseconds and call count per op, summed over ``steps`` steps."""
-    for _ in range(2):
-        step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
+def profile_rounds(steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, dict]:
+    """Per model, self CPU microseconds and call count per op, summed over ``rounds`` steps.
+
+    The models take turns one profiled step at a time (order flipped each round), so a noisy
+    spell on a shared machine hits both alike rather than one model's whole profile.
+    """
+    for step in steps.values():
+        for _ in range(2):
             step()
-    out: dict[str, tuple[float, int]] = collections.defaultdict(lambda: (0.0, 0))
-    for e in prof.key_averages():
-        t, n = out[e.key]
-        out[e.key] = (t + e.self_cpu_time_total, n + e.count)
+    out = {k: collections.defaultdict(lambda: (0.0, 0)) for k in steps}
+    names = list(steps)
+    for r in range(rounds):
+        for k in names if r % 2 == 0 else names[::-1]:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                steps[k]()
+            for e in prof.key_averages():
+                t, n = out[k][e.key]
+                out[k][e.key] = (t + e.self_cpu_time_total, n + e.count)
     return out
 
 
@@ -58,12 +67,13 @@ def main() -> None:
             for mode in args.modes.split(","):
                 ours, ref, label = build(kind, prec, mode)
                 x = torch.randn(args.batch, 4 if kind == "grasp" else 3, 224, 224)
-                profs = {
-                    "ours": profile_step(
-                        make_step(ours, model_input(ours, x), mode, prec), args.steps
-                    ),
-                    label: profile_step(make_step(ref, x, mode, prec), args.steps),
-                }
+                profs = profile_rounds(
+                    {
+                        "ours": make_step(ours, model_input(ours, x), mode, prec),
+                        label: make_step(ref, x, mode, prec),
+                    },
+                    args.steps,
+                )
                 print(
                     f"\n### {PAIRS[kind][0]} {mode} {prec} b{args.batch} t{args.threads} "
                     f"(self CPU ms per step)\n"
