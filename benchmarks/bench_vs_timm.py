@@ -141,9 +141,21 @@ def check_parity(ours, ref, x, prec: str) -> float:
     return diff
 
 
+def check_choices(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Comma lists checked up front: a typo must not surface as a KeyError minutes in."""
+    for flag, allowed in (
+        ("models", tuple(PAIRS)),
+        ("precisions", ("fp32", "bf16")),
+        ("modes", ("infer", "train")),
+    ):
+        bad = [v for v in getattr(args, flag).split(",") if v not in allowed]
+        if bad:
+            p.error(f"--{flag}: unknown {bad}; choose from {', '.join(allowed)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="vit,swin,grasp")
+    p.add_argument("--models", default="vit,swin,grasp", help=f"from {', '.join(PAIRS)}")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--batches", default="1,16")
     p.add_argument("--threads", default="1,2")
@@ -153,6 +165,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile ours")
     p.add_argument("--compile-timm", action="store_true", help="torch.compile the reference")
     args = p.parse_args()
+    check_choices(p, args)
     rounds = 2 if args.quick else args.rounds
     rows = []
     ceilings: dict[tuple[int, str], float] = {}

@@ -18,7 +18,7 @@ import collections
 from collections.abc import Callable
 
 import torch
-from bench_vs_timm import PAIRS, build, make_step, model_input
+from bench_vs_timm import PAIRS, build, check_choices, make_step, model_input
 from torch.profiler import ProfilerActivity, profile
 
 GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_addmm_activation", "mkldnn::")
@@ -53,7 +53,7 @@ def share(ops: dict[str, tuple[float, int]], prefixes: tuple[str, ...]) -> float
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="vit,swin")
+    p.add_argument("--models", default="vit,swin", help=f"from {', '.join(PAIRS)}")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--batch", type=int, default=16)
@@ -61,6 +61,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=12)
     args = p.parse_args()
+    check_choices(p, args)
     torch.set_num_threads(args.threads)
     for kind in args.models.split(","):
         for prec in args.precisions.split(","):

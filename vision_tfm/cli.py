@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .models.convert import check_checkpoint_path
+
 __all__ = ["main"]
 
 
@@ -27,6 +29,14 @@ def _check_count(flag: str, value: int) -> None:
     """A count flag below 1 would print nothing (0) or, sliced from the end, nearly everything."""
     if value < 1:
         raise ValueError(f"{flag} must be >= 1, got {value}")
+
+
+def _need_inputs(checkpoint: str, *images: str | None) -> None:
+    """Missing inputs are the news, not an output that exists (checked next)."""
+    check_checkpoint_path(checkpoint)
+    for image in filter(None, images):
+        if not Path(image).is_file():
+            raise FileNotFoundError(f"image file not found: {image}")
 
 
 def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) -> Path:
@@ -80,6 +90,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
     from .viz import attention_rollout, check_discard_ratio, save_heatmap_overlay
 
     check_discard_ratio(args.discard_ratio)
+    _need_inputs(args.checkpoint, args.image)
     out = _out_png(args.out, args.image, "_attention.png", args.overwrite)
     model, meta, dcfg = _load_cls(args.checkpoint, args.ema)
     img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
@@ -95,6 +106,7 @@ def cmd_grasp(args: argparse.Namespace) -> None:
     from .train.grasp import draw_grasps, predict_grasps
 
     _check_count("--top", args.top)
+    _need_inputs(args.checkpoint, args.image, args.depth)
     out = _out_png(args.out, args.image, "_grasps.png", args.overwrite)
     grasps, image = predict_grasps(args.checkpoint, args.image, args.depth, args.top, args.ema)
     print(f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}")
@@ -149,11 +161,6 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     from .export.benchmark import TABLE_FILES, markdown_table
     from .export.pipeline import refuse_existing
 
-    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "benchmark"
-    refuse_existing([out / n for n in TABLE_FILES], args.overwrite)
-    keep = Path(args.keep_exports) if args.keep_exports else None
-    if keep is not None and keep.exists() and any(keep.iterdir()) and not args.overwrite:
-        raise FileExistsError(f"--keep-exports: {keep} is not empty; pass --overwrite to reuse it")
     given = {
         "formats": tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         "threads": args.threads,
@@ -171,12 +178,23 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     }
     given = {k: v for k, v in given.items() if v is not None}
     opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
+    opts.validate()  # bad flags and a missing checkpoint first, then the outputs
+    check_checkpoint_path(args.checkpoint)
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "benchmark"
+    refuse_existing([out / n for n in TABLE_FILES], args.overwrite)
+    keep = Path(args.keep_exports) if args.keep_exports else None
+    if keep is not None and keep.exists() and any(keep.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"--keep-exports: {keep} is not empty; pass --overwrite to reuse it")
     progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
     result = benchmark_checkpoint(args.checkpoint, opts, args.keep_exports, log=progress)
     paths = write_tables(result, out)  # files first: a closed stdout must not lose them
     print(markdown_table(result))
     for path in paths:
         print(f"wrote {path}")
+    bad = [r["format"] for r in result["rows"] if not r["status"].startswith("ok")]
+    if bad:  # the table is complete, but a script or CI job must not read this as a pass
+        print(f"not ok: {', '.join(bad)} (see the status column)", file=sys.stderr)
+        sys.exit(1)
 
 
 _OUT_HELP = (

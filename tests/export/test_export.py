@@ -298,8 +298,12 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
         "--keep-exports",
         tmp_path / "k",
     )
-    vtfm(*args)
-    out = capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # a failed row: complete table, then exit 1
+        vtfm(*args)
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and err.strip().endswith(
+        "not ok: onnx-int8-static (see the status column)"
+    )
     assert "| format | status | size MB | top1 |" in out
     rows = list(csv.DictReader((tmp_path / "b" / "benchmark.csv").open()))
     assert tuple(rows[0]) == COLUMNS and [r["format"] for r in rows] == formats.split(",")
@@ -327,13 +331,13 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert "--keep-exports" in err and "is not empty; pass --overwrite" in err
 
 
-def openvino_benchmark(ckpt: Path, out: Path, formats: str, *extra: str) -> dict:
+def openvino_benchmark(ckpt: Path, out: Path, formats: str, *extra: str, rc: int = 0) -> dict:
     """``vtfm benchmark`` in a child process: OpenVINO's CPU plugin loaded into the pytest
     process made a later ``torch.compile`` test segfault, so it never loads here."""
     cmd = [sys.executable, "-m", "vision_tfm.cli", "benchmark", "--checkpoint", str(ckpt)]
     cmd += ["--formats", formats, "--quick", "--threads", "1", "--out", str(out), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == rc, done.stderr[-2000:]
     return json.loads((out / "benchmark.json").read_text())
 
 
@@ -352,7 +356,7 @@ def test_openvino_rows_meet_fp32_parity_and_report_their_precision(
     for r in (ov, bf16):
         assert r["latency_median_ms"] > 0 and r["throughput_img_s"] > 0
     assert result["versions"]["openvino"] and "bf16" in result["ceiling_gflops"]
-    strict = openvino_benchmark(ckpt, tmp_path / "s", "openvino", "--atol", "1e-9")
+    strict = openvino_benchmark(ckpt, tmp_path / "s", "openvino", "--atol", "1e-9", rc=1)
     (row,) = strict["rows"]
     assert row["status"].startswith("exported but parity failed: max abs diff")
     assert "> 1e-09 on the val images" in row["status"] and row["latency_median_ms"] > 0
@@ -423,6 +427,23 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) ->
     assert message in fail(capsys, "export", "--checkpoint", ckpt, *extra)
     assert taken.read_text() == "keep me"
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".vtfm-export-*"))
+
+
+def test_missing_checkpoint_or_bad_format_is_reported_before_existing_outputs(
+    tmp_path: Path, capsys
+) -> None:
+    (tmp_path / "model.onnx").write_text("keep me")
+    (tmp_path / "benchmark").mkdir()
+    (tmp_path / "benchmark" / "benchmark.md").write_text("keep me")
+    nope = tmp_path / "nope.pt"
+    assert fail(capsys, "export", "--checkpoint", nope) == f"error: checkpoint not found: {nope}"
+    err = fail(capsys, "benchmark", "--checkpoint", nope, "--formats", "torch")
+    assert err == f"error: checkpoint not found: {nope}"
+    ckpt = cls_checkpoint(tmp_path, "vit_mnist")
+    err = fail(capsys, "benchmark", "--checkpoint", ckpt, "--formats", "torch,onx")
+    assert err.startswith("error: --formats: unknown ['onx']")
+    assert (tmp_path / "model.onnx").read_text() == "keep me"
+    assert (tmp_path / "benchmark" / "benchmark.md").read_text() == "keep me"
 
 
 def test_calibration_reads_idx_and_image_folders(tmp_path: Path) -> None:

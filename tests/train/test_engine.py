@@ -131,6 +131,9 @@ def test_checkpoint_contents_and_outputs(tmp_path, capsys):
         for k, v in model.state_dict().items():
             assert torch.equal(v, expect[k]), (use_ema, k)
     assert any(not torch.equal(ema[k], ck["model"][k]) for k in ema)  # they do differ
+    del ck["ema"]  # a run without EMA: --ema is refused, not quietly served raw weights
+    with pytest.raises(ValueError, match=r"EMA weights asked for .* has none"):
+        restore_cls_model(ck, use_ema=True)
 
 
 class _NanTask(ClassificationTask):
@@ -473,6 +476,13 @@ def test_vtfm_attention_out_names_the_file_it_writes(digit_ckpt, tmp_path, capsy
     code, out, err = vtfm(capsys, *base, tmp_path / "att")  # the final path exists
     assert code == 2 and err == f"error: {png} exists; pass --overwrite to replace it\n"
     assert png.read_bytes() == before
+    # a missing input is the news, not the output that exists
+    code, out, err = vtfm(
+        capsys, "attention", digit, "--checkpoint", tmp_path / "no.pt", "--out", png
+    )
+    assert code == 2 and err == f"error: checkpoint not found: {tmp_path / 'no.pt'}\n"
+    code, out, err = vtfm(capsys, "attention", tmp_path / "no.png", *base[2:], png)
+    assert code == 2 and err == f"error: image file not found: {tmp_path / 'no.png'}\n"
     folder = tmp_path / "adir"
     folder.mkdir()
     code, out, err = vtfm(capsys, *base, folder, "--overwrite")

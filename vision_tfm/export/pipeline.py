@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..models.convert import check_checkpoint_path
 from .onnx import (
     DEFAULT_OPSET,
     ParityError,
@@ -70,6 +71,7 @@ def refuse_existing(paths: list[Path], overwrite: bool) -> None:
 
 def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[Path, list[Path]]:
     """Validate everything that needs no model, so bad input fails in a second."""
+    check_checkpoint_path(checkpoint)
     check_opset(opts.opset)
     parse_dynamic(opts.dynamic)
     bad = sorted(set(opts.int8) - set(INT8_MODES))

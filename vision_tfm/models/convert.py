@@ -23,6 +23,7 @@ from torch import nn
 from ..layers import resample_abs_pos_embed
 
 __all__ = [
+    "check_checkpoint_path",
     "convert_state_dict",
     "detect_source",
     "load_pretrained",
@@ -50,17 +51,23 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 
+def check_checkpoint_path(path: str | os.PathLike) -> Path:
+    """Fail on a missing checkpoint before anything else (e.g. an "output exists" check)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; expected a checkpoint file")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return path
+
+
 def load_torch_file(path: str | os.PathLike) -> Any:
     """``torch.load(weights_only=True)`` with one-line errors that say what the file is.
 
     torch's own message advises ``weights_only=False``: wrong for a file that is no checkpoint
     at all, and unsafe for one that is. Shared by ``load_pretrained`` and the training code.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; expected a checkpoint file")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    path = check_checkpoint_path(path)
     with open(path, "rb") as f:
         head = f.read(2)
     why = ""

@@ -76,9 +76,15 @@ def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[s
 
     Args:
         ckpt: A training checkpoint dict.
-        use_ema: None follows the run (``meta["weights"]``); True takes the EMA weights when
-            the checkpoint has them; False takes the raw model's.
+        use_ema: None follows the run (``meta["weights"]``); True takes the EMA weights and
+            refuses a checkpoint without them (rather than quietly using the raw ones);
+            False takes the raw model's.
     """
+    if use_ema and ckpt.get("ema") is None:
+        raise ValueError(
+            "EMA weights asked for (--ema), but this checkpoint has none: "
+            "its run trained without ema.enabled"
+        )
     if use_ema is None:
         use_ema = ckpt.get("meta", {}).get("weights") == "ema"
     if use_ema and ckpt.get("ema") is not None:
