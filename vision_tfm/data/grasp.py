@@ -539,7 +539,9 @@ class GraspDataset(Dataset):
         if output_size < 1:
             raise ValueError(f"output_size must be >= 1, got {output_size}")
         if crop_size is not None and crop_size < 0:
-            raise ValueError(f"crop_size must be positive (or None), got {crop_size}")
+            raise ValueError(
+                f"crop_size must be >= 0 (0 or None: the shorter side), got {crop_size}"
+            )
         if input != "rgb":
             for v in views:
                 if v.depth_path is None:

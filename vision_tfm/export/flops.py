@@ -50,7 +50,7 @@ def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
                     flags = set(value.split())
     except OSError:
         pass  # not Linux: platform's answer is all there is
-    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    name = name or platform.processor() or "unknown CPU model"  # callers add the machine
     isa = [f for f in _MATRIX_ISA if f in flags]
     return f"{name} [{' '.join(isa)}]" if isa else name
 

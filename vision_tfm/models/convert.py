@@ -209,18 +209,28 @@ def _check_fit(model: nn.Module, own: StateDict, sd: StateDict, source: str) -> 
             )
 
 
-def _adapt(model: nn.Module, sd: StateDict) -> tuple[StateDict, list[str]]:
-    """Resample the ViT position table; drop a head of another class count."""
-    own = model.state_dict()
-    dropped = []
+def _split_head(own: StateDict, sd: StateDict) -> tuple[StateDict, list[str], str]:
+    """The one tolerated difference, in one place: the classifier head.
+
+    A checkpoint head the model lacks (``num_classes=0``) or of another class count is
+    dropped; returns the state dict, the model's head keys left at init, and why.
+    """
+
+    def fits(k: str, v: torch.Tensor) -> bool:
+        return not k.startswith("head.") or (k in own and own[k].shape == v.shape)
+
+    kept = {k: v for k, v in sd.items() if fits(k, v)}
+    at_init = [k for k in own if k.startswith("head.") and k not in kept]
+    why = "has another class count" if any(k in sd for k in at_init) else "has no classifier"
+    return kept, at_init, why
+
+
+def _resample_pos_embed(model: nn.Module, own: StateDict, sd: StateDict) -> StateDict:
+    """The ViT position table at the model's grid (``_check_fit`` allowed only its length)."""
     if "pos_embed" in sd and "pos_embed" in own and sd["pos_embed"].shape != own["pos_embed"].shape:
         prefix = getattr(model, "num_prefix_tokens", 1)
         sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"], model.grid, None, prefix)
-    for k in [k for k in sd if k.startswith("head.")]:
-        if k in own and own[k].shape != sd[k].shape:
-            dropped.append(k)
-            del sd[k]
-    return sd, dropped
+    return sd
 
 
 def load_pretrained(
@@ -244,11 +254,8 @@ def load_pretrained(
     sd = convert_state_dict(sd, source)
     own = model.state_dict()
     _check_fit(model, own, sd, source)
-    for k in [k for k in sd if k.startswith("head.") and k not in own]:
-        del sd[k]  # the model has no classifier (num_classes=0): features only
-    missing = sorted(set(own) - set(sd))
-    headless = [k for k in missing if k.startswith("head.")]
-    missing = [k for k in missing if not k.startswith("head.")]
+    sd, at_init, why = _split_head(own, sd)
+    missing = sorted(set(own) - set(sd) - set(at_init))
     unexpected = sorted(set(sd) - set(own))
     if strict and (missing or unexpected):
         raise ValueError(
@@ -256,12 +263,9 @@ def load_pretrained(
             f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
             f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
         )
-    sd, dropped = _adapt(model, sd)
-    model.load_state_dict(sd, strict=False)
-    if dropped or headless:
-        why = "has another class count" if dropped else "has no classifier"
+    model.load_state_dict(_resample_pos_embed(model, own, sd), strict=False)
+    if at_init:
         warnings.warn(
-            f"classifier head left at init: checkpoint {why} ({(dropped or headless)[0]})",
-            stacklevel=2,
+            f"classifier head left at init: checkpoint {why} ({at_init[0]})", stacklevel=2
         )
     return model
