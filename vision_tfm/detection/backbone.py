@@ -15,9 +15,9 @@ a family gets is its class's ``backbone_kind``:
 * ``"simple_pyramid"`` (ViT): the simple feature pyramid of ViTDet (Li et al. 2022) built from
   the last block's map at stride ``p`` (the patch size, any power of two): up-sampling by 2x
   transposed convs (channels halved each time, LayerNorm2d + GELU between), identity, or
-  down-sampling by 2x2 max-pool; then 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels`` (256 as in ViTDet). The
-  paper found a top-down FPN adds nothing on top of this, so ``fpn=True`` only appends the
-  detector's extra level; the widths are already equal.
+  down-sampling by 2x2 max-pool; then 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to
+  ``out_channels`` (256 as in ViTDet). The paper found a top-down FPN adds nothing on top of
+  this, so ``fpn=True`` only appends the detector's extra level; the widths are already equal.
 """
 
 from __future__ import annotations
