@@ -305,7 +305,7 @@ class _HybridModel(VisionModel):
     def group_matcher(self, coarse: bool = False) -> dict:
         """timm's parameter groups: the conv stem, each Transformer block, the final norm."""
         return {
-            "stem": r"^trunk\.(stem|proj)",
+            "stem": r"^trunk\.(?:stem|proj)",
             "blocks": [(r"^trunk\.blocks\.(\d+)", None), (r"^trunk\.norm", (99999,))],
         }
 
