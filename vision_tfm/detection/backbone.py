@@ -54,7 +54,9 @@ class SwinFeatures(FeatureGetterNet):
     """Stage maps of a hierarchical model, equal to its ``forward_intermediates`` unless
     ``out_norm``. Serves every family whose ``backbone_kind`` is ``"stages"``."""
 
-    def __init__(self, model: nn.Module, out_indices: Sequence[int], out_norm: bool = False):
+    def __init__(
+        self, model: nn.Module, out_indices: Sequence[int], out_norm: bool = False
+    ) -> None:
         super().__init__(model, out_indices, output_fmt="NCHW")  # prunes later stages, head
         self.channels = self.feature_info.channels()
         self.strides = self.feature_info.reduction()
@@ -105,7 +107,9 @@ def _rescale(dim: int, log2_scale: int) -> tuple[nn.Sequential, int]:
 class ViTFeatures(FeatureGetterNet):
     """ViTDet's simple feature pyramid over a plain ViT's last block (strides 4, 8, 16, 32)."""
 
-    def __init__(self, model: nn.Module, out_indices: Sequence[int], out_channels: int = 256):
+    def __init__(
+        self, model: nn.Module, out_indices: Sequence[int], out_channels: int = 256
+    ) -> None:
         p = model.patch_size
         if p & (p - 1):
             raise ValueError(f"ViT detection backbone needs a power-of-two patch size, got {p}")

@@ -444,7 +444,9 @@ class ClassifierHead(nn.Module):
     ``global_pool=""`` keeps the map: the linear then acts per position, as in timm.
     """
 
-    def __init__(self, dim: int, num_classes: int, drop: float = 0.0, global_pool: str = "avg"):
+    def __init__(
+        self, dim: int, num_classes: int, drop: float = 0.0, global_pool: str = "avg"
+    ) -> None:
         super().__init__()
         self.global_pool = global_pool
         self.drop = nn.Dropout(drop)
