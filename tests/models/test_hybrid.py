@@ -40,7 +40,9 @@ def test_224_input_gives_28x28_token_grid():
     for info in m.feature_info:
         m.get_submodule(info["module"])  # every declared module exists
     with torch.no_grad():
-        tokens = m.forward_intermediates(torch.randn(1, 4, 224, 224), indices=[-1])[0]
+        tokens = m.forward_intermediates(
+            torch.randn(1, 4, 224, 224), indices=[-1], intermediates_only=True
+        )[0]
     assert tokens.shape == (1, 64, 28, 28)
 
 
@@ -115,9 +117,12 @@ def test_normed_intermediate_is_the_feature_map():
     x = torch.randn(2, 3, 40, 24)
     with torch.no_grad():
         torch.testing.assert_close(
-            m.forward_intermediates(x, indices=1, norm=True)[0], m.forward_features(x)
+            m.forward_intermediates(x, indices=1, norm=True, intermediates_only=True)[0],
+            m.forward_features(x),
         )
-        assert [t.shape[1] for t in m.forward_intermediates(x, indices=(0, 2))] == [8, 16]
+        assert [
+            t.shape[1] for t in m.forward_intermediates(x, (0, 2), intermediates_only=True)
+        ] == [8, 16]
 
 
 @pytest.mark.parametrize("pos", ["sincos", "rope", "none"])

@@ -26,7 +26,7 @@ def test_forward_grad_and_intermediates(name, tiny_model):
     for pname, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reached {pname}"
     m.eval()
-    maps = m.forward_intermediates(x)
+    maps = m.forward_intermediates(x, intermediates_only=True)
     assert len(maps) == len(m.feature_info)
     H, W = x.shape[-2:]
     for fmap, info in zip(maps, m.feature_info):

@@ -5,38 +5,44 @@ to an ``OrderedDict`` of NCHW maps named ``"0"``, ``"1"``, ... (torchvision's co
 ``out_channels`` and ``strides`` declared, so torchvision's ``FasterRCNN`` / ``RetinaNet`` take it
 as it is. Every map at stride ``s`` is ``ceil(H / s) x ceil(W / s)``, for any input size.
 
-* Swin: the stage outputs of ``forward_intermediates``, unchanged (an optional per-level
-  LayerNorm2d is off by default so they equal the classifier's intermediates). ``fpn=True`` adds
-  torchvision's ``FeaturePyramidNetwork``.
-* ViT: the simple feature pyramid of ViTDet (Li et al. 2022) built from the last block's map at
-  stride ``p`` (the patch size, any power of two): up-sampling by 2x transposed convs (channels
-  halved each time, LayerNorm2d + GELU between), identity, or down-sampling by 2x2 max-pool; then
-  1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels`` (256 as in ViTDet). The
-  paper found a top-down FPN adds nothing on top of this, so ``fpn=True`` only appends the
-  detector's extra level; the widths are already equal.
+Both bodies are timm's ``FeatureGetterNet`` (what ``create_model(features_only=True)`` returns),
+so the model is pruned to the levels used and read through ``forward_intermediates``. Which body
+a family gets is its class's ``backbone_kind``:
+
+* ``"stages"`` (Swin): the stage outputs of ``forward_intermediates``, unchanged (an optional
+  per-level LayerNorm2d is off by default so they equal the classifier's intermediates).
+  ``fpn=True`` adds torchvision's ``FeaturePyramidNetwork``.
+* ``"simple_pyramid"`` (ViT): the simple feature pyramid of ViTDet (Li et al. 2022) built from
+  the last block's map at stride ``p`` (the patch size, any power of two): up-sampling by 2x
+  transposed convs (channels halved each time, LayerNorm2d + GELU between), identity, or
+  down-sampling by 2x2 max-pool; then 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to
+  ``out_channels`` (256 as in ViTDet). The paper found a top-down FPN adds nothing on top of
+  this, so ``fpn=True`` only appends the detector's extra level; the widths are already equal.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from timm.models._features import FeatureGetterNet
 from torch import nn
 
 from ..layers import LayerNorm2d
-from ..models import create_model, load_pretrained
+from ..models import create_model
+from ..models.hub import load_weights
 from ..models.registry import get_model_entry
-from ..models.swin import SwinTransformer
-from ..models.vit import VisionTransformer
 
 __all__ = ["EXTRA_BLOCKS", "DetectionBackbone", "SwinFeatures", "ViTFeatures", "create_backbone"]
 
 VIT_STRIDES = (4, 8, 16, 32)  # ViTDet's pyramid levels; Swin's come from its stages
 EXTRA_BLOCKS = {"maxpool": ["pool"], "p6p7": ["p6", "p7"], "none": []}  # extra level names
+BODIES = ("stages", "simple_pyramid")  # the ``backbone_kind`` values a family may declare
 
 
 def _ceil_crop(x: torch.Tensor, size: tuple[int, int], stride: int) -> torch.Tensor:
@@ -44,32 +50,45 @@ def _ceil_crop(x: torch.Tensor, size: tuple[int, int], stride: int) -> torch.Ten
     return x[..., : -(-size[0] // stride), : -(-size[1] // stride)]
 
 
-class SwinFeatures(nn.Module):
-    """Swin stage maps, equal to the classifier's ``forward_intermediates`` unless ``out_norm``."""
+class SwinFeatures(FeatureGetterNet):
+    """Stage maps of a hierarchical model, equal to its ``forward_intermediates`` unless
+    ``out_norm``. Serves every family whose ``backbone_kind`` is ``"stages"``."""
 
     def __init__(
-        self, model: SwinTransformer, out_indices: Sequence[int], out_norm: bool = False
+        self, model: nn.Module, out_indices: Sequence[int], out_norm: bool = False
     ) -> None:
-        super().__init__()
-        model.reset_classifier(0)
-        model.norm = nn.Identity()  # the classifier's final norm: no output uses it
-        model.layers = model.layers[: out_indices[-1] + 1]  # later stages would get no gradient
-        self.model = model
-        self.out_indices = list(out_indices)
-        self.channels = [model.feature_info[i]["num_chs"] for i in out_indices]
-        self.strides = [model.feature_info[i]["reduction"] for i in out_indices]
+        super().__init__(model, out_indices, output_fmt="NCHW")  # prunes later stages, head
+        self.channels = self.feature_info.channels()
+        self.strides = self.feature_info.reduction()
         # detection codebases often norm each output; off by default for classifier parity
         self.norms = nn.ModuleList(
             LayerNorm2d(c, eps=1e-5) if out_norm else nn.Identity() for c in self.channels
         )
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        maps = self.model.forward_intermediates(x, self.out_indices)  # [(B, C_i, H/s_i, W/s_i)]
+        maps = super().forward(x)  # [(B, C_i, H/s_i, W/s_i)]
         return [norm(m) for norm, m in zip(self.norms, maps)]
 
     def frozen_parts(self, k: int) -> list[nn.Module | nn.Parameter]:
-        """The patch embedding and the first ``k`` stages (nothing for ``k = 0``)."""
-        return [self.model.patch_embed, *self.model.layers[:k]] if k else []
+        """The stem and the first ``k`` stages (nothing for ``k = 0``), as the model's coarse
+        ``group_matcher`` names them (timm's stage groups)."""
+        if not k:
+            return []
+        groups = self.model.group_matcher(coarse=True)
+        stem, stages = re.compile(groups["stem"]), re.compile(groups["blocks"])
+        names: dict[str, None] = {}
+        for n, _ in self.model.named_parameters():
+            hit = stem.match(n) or stages.match(n)
+            if hit and (hit.re is stem or int(hit.group(1)) < k):
+                names[hit.group(0)] = None
+        return [_part(self.model, n) for n in names]
+
+
+def _part(model: nn.Module, name: str) -> nn.Module | nn.Parameter:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return model.get_parameter(name)
 
 
 def _rescale(dim: int, log2_scale: int) -> tuple[nn.Sequential, int]:
@@ -85,20 +104,17 @@ def _rescale(dim: int, log2_scale: int) -> tuple[nn.Sequential, int]:
     return nn.Sequential(*layers), dim
 
 
-class ViTFeatures(nn.Module):
+class ViTFeatures(FeatureGetterNet):
     """ViTDet's simple feature pyramid over a plain ViT's last block (strides 4, 8, 16, 32)."""
 
     def __init__(
-        self, model: VisionTransformer, out_indices: Sequence[int], out_channels: int = 256
+        self, model: nn.Module, out_indices: Sequence[int], out_channels: int = 256
     ) -> None:
-        super().__init__()
         p = model.patch_size
         if p & (p - 1):
             raise ValueError(f"ViT detection backbone needs a power-of-two patch size, got {p}")
-        model.reset_classifier(0)
-        model.norm = model.fc_norm = nn.Identity()  # ViTDet reads blocks without the final norm
-        self.model = model
-        self.out_indices = list(out_indices)
+        # the last block, without the final norm (ViTDet) or head: pruned as features_only does
+        super().__init__(model, [-1], output_fmt="NCHW")
         self.strides = [VIT_STRIDES[i] for i in out_indices]
         self.channels = [out_channels] * len(out_indices)
         self.levels = nn.ModuleList()
@@ -117,7 +133,7 @@ class ViTFeatures(nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         size = (x.shape[-2], x.shape[-1])
-        (y,) = self.model.forward_intermediates(x, [-1])  # (B, D, H/p, W/p)
+        (y,) = super().forward(x)  # (B, D, H/p, W/p)
         return [_ceil_crop(lvl(y), size, s) for lvl, s in zip(self.levels, self.strides)]
 
     def frozen_parts(self, k: int) -> list[nn.Module | nn.Parameter]:
@@ -257,25 +273,21 @@ def create_backbone(
         **model_kw: Overrides of the model config (``embed_dim``, ``depths``, ...).
     """
     entry = get_model_entry(name)  # unknown name: one-line ValueError with the closest names
-    if issubclass(entry.cls, SwinTransformer):
-        n = len(model_kw.get("depths", entry.cfg.depths))
-    elif issubclass(entry.cls, VisionTransformer):
-        n = len(VIT_STRIDES)
-        if out_norm:
-            raise ValueError(
-                f"{name}: out_norm is for Swin; the ViT pyramid already ends in a norm"
-            )
-    else:
+    kind = getattr(entry.cls, "backbone_kind", None)  # declared by the family's class
+    if kind not in BODIES:
         raise ValueError(f"{name}: no detection backbone for {entry.cls.__name__} (ViT or Swin)")
-    out_indices = _check_args(name, out_indices, frozen_stages, extra_block, n)
+    if kind == "simple_pyramid" and out_norm:
+        raise ValueError(f"{name}: out_norm is for Swin; the ViT pyramid already ends in a norm")
     if img_size is not None:
         model_kw["img_size"] = img_size
     model = create_model(name, **model_kw)
+    n = len(VIT_STRIDES) if kind == "simple_pyramid" else len(model.feature_info)
+    out_indices = _check_args(name, out_indices, frozen_stages, extra_block, n)
     if pretrained is not None:
         with warnings.catch_warnings():  # the head is dropped below, whatever its class count
             warnings.filterwarnings("ignore", message="classifier head left at init")
-            load_pretrained(model, pretrained)
-    if isinstance(model, SwinTransformer):
+            load_weights(model, checkpoint_path=pretrained)
+    if kind == "stages":
         body: SwinFeatures | ViTFeatures = SwinFeatures(model, out_indices, out_norm)
     else:
         body = ViTFeatures(model, out_indices, out_channels)

@@ -1,7 +1,7 @@
 """The shared core: every model family builds from these pieces and none redefines them."""
 
 from .attention import Attention, fused_attn, merge_bias_and_mask, set_fused_attn
-from .block import NORM_PLACEMENTS, Block, block_stack, run_blocks
+from .block import NORM_PLACEMENTS, Block, block_stack, checkpointed, run_blocks
 from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
@@ -30,6 +30,7 @@ __all__ = [
     "apply_rope",
     "block_stack",
     "check_image",
+    "checkpointed",
     "drop_path",
     "fused_attn",
     "get_mlp_layer",

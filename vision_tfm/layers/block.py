@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention
 from .drop import DropPath, LayerScale
 from .mlp import Mlp
 from .norm import LayerNorm
 
-__all__ = ["NORM_PLACEMENTS", "Block", "block_stack", "run_blocks"]
+__all__ = ["NORM_PLACEMENTS", "Block", "block_stack", "checkpointed", "run_blocks"]
 
 NORM_PLACEMENTS = ("pre", "post", "residual")
 
@@ -119,15 +120,33 @@ def block_stack(depth: int, drop_path_rate: float = 0.0, **block_kw: Any) -> nn.
     return nn.ModuleList(Block(drop_path=dpr[i], **block_kw) for i in range(depth))
 
 
+def checkpointed(fn: Callable[..., Any], enabled: bool, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, recomputed in backward when ``enabled`` and grads are on.
+
+    Non-reentrant checkpointing: gradients equal the plain run's, and keyword arguments
+    (RoPE tables, biases) pass through. Skipped while fx traces (it would record its internals).
+    """
+    if enabled and torch.is_grad_enabled() and not torch.fx._symbolic_trace.is_fx_tracing():
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+    return fn(*args, **kwargs)
+
+
 def run_blocks(
-    blocks: nn.ModuleList, x: torch.Tensor, final_dual_norm: nn.Module | None = None, **kw: Any
+    blocks: nn.ModuleList,
+    x: torch.Tensor,
+    final_dual_norm: nn.Module | None = None,
+    grad_ckpt: bool = False,
+    **kw: Any,
 ) -> torch.Tensor:
-    """Run a stack of blocks, handling the ResiDual second stream when the blocks use it."""
+    """Run a stack of blocks, handling the ResiDual second stream when the blocks use it.
+
+    ``grad_ckpt`` recomputes each block's activations in backward instead of storing them.
+    """
     if blocks and blocks[0].norm_place == "residual":
         dual = torch.zeros_like(x)
         for blk in blocks:
-            x, dual = blk.forward_dual(x, dual, **kw)
+            x, dual = checkpointed(blk.forward_dual, grad_ckpt, x, dual, **kw)
         return x + (final_dual_norm(dual) if final_dual_norm is not None else dual)
     for blk in blocks:
-        x = blk(x, **kw)
+        x = checkpointed(blk, grad_ckpt, x, **kw)
     return x

@@ -26,7 +26,10 @@ def check_image(
 
     ``dtype`` is the model's weight dtype: outside autocast a float input of another dtype
     would fail in the first conv with torch's message, which blames the bias.
+    A ``torch.fx.Proxy`` (symbolic tracing) is let through: it has no values to check.
     """
+    if isinstance(x, torch.fx.Proxy):
+        return
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{model}: expected a torch.Tensor image batch, got {type(x).__name__}")
     if x.ndim != 4:

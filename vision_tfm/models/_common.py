@@ -3,71 +3,90 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
-__all__ = ["check_config", "init_weights", "select_indices"]
+__all__ = [
+    "AT_LEAST_0",
+    "AT_LEAST_1",
+    "BASE_RULES",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "RATE",
+    "Rule",
+    "check_config",
+    "init_weights",
+    "select_indices",
+]
 
-# One rule per field name: the families spell shared fields the same way, so one table covers
-# ViT, Swin and the hybrid. Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's
-# stem) apply the rule to each entry.
-_MIN_INT = {
-    "img_size": 1,
-    "patch_size": 1,
-    "in_chans": 1,
-    "num_classes": 0,  # 0 = no classifier head (timm convention)
-    "embed_dim": 1,
-    "depth": 1,
-    "depths": 1,
-    "num_heads": 1,
-    "window_size": 1,
-    "stem_chs": 1,
-    "stem_depths": 0,
-    "dec_depth": 0,
+
+Rule = tuple[Callable[[Any], bool], str, str]  # check, what one value must be, plural
+
+
+def _int_rule(least: int, note: str = "") -> Rule:
+    return (lambda v: _is_int(v, least)), f"an integer >= {least}{note}", f"integers >= {least}"
+
+
+def _is_int(v: Any, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+POSITIVE: Rule = (lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0", "numbers > 0")
+NON_NEGATIVE: Rule = (
+    lambda v: isinstance(v, (int, float)) and v >= 0,
+    "a number >= 0",
+    "numbers >= 0",
+)
+RATE: Rule = (
+    lambda v: isinstance(v, (int, float)) and 0 <= v < 1,
+    "a rate in [0, 1)",
+    "rates in [0, 1)",
+)
+AT_LEAST_0, AT_LEAST_1 = _int_rule(0), _int_rule(1)
+
+# Rules for the fields every family spells the same way. A family declares its own table as
+# ``VisionModel.config_rules`` = these plus its own fields, so a new field needs no edit here.
+# Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) apply the rule to
+# each entry.
+BASE_RULES: dict[str, Rule] = {
+    "img_size": AT_LEAST_1,
+    "in_chans": AT_LEAST_1,
+    "num_classes": _int_rule(0, " (0 = no head)"),  # timm convention
+    "embed_dim": AT_LEAST_1,
+    "num_heads": AT_LEAST_1,
+    "mlp_ratio": POSITIVE,
+    "drop_rate": RATE,
+    "proj_drop_rate": RATE,
+    "attn_drop_rate": RATE,
+    "drop_path_rate": RATE,
 }
-_POSITIVE = ("mlp_ratio", "rope_theta")
-_NON_NEGATIVE = ("init_values",)
-_RATES = ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
 
 
-def check_config(cfg: Any, owner: str) -> None:
+def check_config(cfg: Any, owner: str, rules: Mapping[str, Rule] = BASE_RULES) -> None:
     """Reject out-of-range architecture fields in one line naming the model and the field.
 
-    Every family's constructor calls this first: a negative depth or a zero head count would
-    otherwise surface deep inside a layer as a ZeroDivisionError or a negative tensor size.
+    Every family's constructor calls this first with its ``config_rules``: a negative depth
+    or a zero head count would otherwise surface deep inside a layer as a ZeroDivisionError
+    or a negative tensor size.
     """
 
     def fail(field: str, value: Any, expected: str) -> None:
         raise ValueError(f"{owner} config: {field} must be {expected}, got {value!r}")
 
-    def is_int(v: Any, least: int) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= least
-
     for f in dataclasses.fields(cfg):
         name, v = f.name, getattr(cfg, f.name)
-        if name in _MIN_INT:
-            least = _MIN_INT[name]
-            what = f"an integer >= {least}" + (" (0 = no head)" if name == "num_classes" else "")
-            if isinstance(v, tuple):
-                if not v or not all(is_int(x, least) for x in v):
-                    fail(name, v, f"a non-empty list of integers >= {least}")
-            elif not is_int(v, least):
-                fail(name, v, what)
-        elif name in _POSITIVE and not (isinstance(v, (int, float)) and v > 0):
-            fail(name, v, "a number > 0")
-        elif name in _NON_NEGATIVE and not (isinstance(v, (int, float)) and v >= 0):
-            fail(name, v, "a number >= 0")
-        elif name in _RATES and not (isinstance(v, (int, float)) and 0 <= v < 1):
-            fail(name, v, "a rate in [0, 1)")
-    heads = cfg.num_heads
-    if isinstance(heads, tuple):  # Swin: stage i is embed_dim * 2**i wide
-        if len(cfg.depths) != len(heads):
-            fail("num_heads", heads, f"one entry per stage (depths {cfg.depths})")
-        for i, h in enumerate(heads):
-            if (cfg.embed_dim * 2**i) % h:
-                fail(f"num_heads[{i}]", h, f"a divisor of stage {i}'s width {cfg.embed_dim * 2**i}")
+        if name not in rules:
+            continue
+        ok, what, plural = rules[name]
+        if isinstance(v, tuple):
+            if not v or not all(ok(x) for x in v):
+                fail(name, v, f"a non-empty list of {plural}")
+        elif not ok(v):
+            fail(name, v, what)
+    heads = getattr(cfg, "num_heads", None)
+    if not isinstance(heads, int):  # per-stage heads: the family checks them (Swin)
         return
     if cfg.embed_dim % heads:
         fail("embed_dim", cfg.embed_dim, f"divisible by num_heads ({heads})")

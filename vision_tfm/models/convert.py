@@ -177,11 +177,6 @@ def convert_state_dict(sd: Mapping[str, torch.Tensor], source: str | None = None
     return _rename(sd, _RULES[source])
 
 
-def _family(model: nn.Module) -> str:
-    name = type(model).__name__.lower()
-    return "swin" if "swin" in name else "vit" if "vision" in name else name
-
-
 def _check_fit(model: nn.Module, own: StateDict, sd: StateDict, source: str) -> None:
     """Refuse a state dict of another size or dtype before anything is resampled.
 
@@ -239,13 +234,17 @@ def load_pretrained(
     """Load timm / torchvision / official-Swin weights into ``model``.
 
     Args:
-        model: A vision_tfm ViT or Swin.
+        model: A vision_tfm model; its class's ``checkpoint_family`` names the foreign layouts
+            it takes (ViT, Swin); a family without one loads its own keys.
         path_or_state_dict: A checkpoint path (read with ``weights_only=True``) or a state dict.
         strict: Refuse missing or unexpected keys (after conversion).
     """
     sd = read_state_dict(path_or_state_dict)
+    family = getattr(model, "checkpoint_family", None)  # declared by the family's class
+    if family is None:  # no foreign layout: the model's own keys, as saved by training
+        model.load_state_dict(sd, strict=strict)
+        return model
     source = detect_source(sd)
-    family = _family(model)
     if not source.endswith(family):
         raise ValueError(
             f"checkpoint is a {source.split('_')[-1]} ({source.split('_')[0]}) state dict, "

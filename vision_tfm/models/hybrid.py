@@ -25,12 +25,23 @@ from ..layers import (
     LayerNorm,
     block_stack,
     check_image,
+    checkpointed,
     rope_2d,
     run_blocks,
     sincos_2d,
     symbolic,
 )
-from ._common import block_kwargs, check_config, init_weights, select_indices
+from ._common import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    BASE_RULES,
+    POSITIVE,
+    block_kwargs,
+    check_config,
+    init_weights,
+    select_indices,
+)
+from .base import VisionModel, check_output_fmt, intermediates_result
 from .registry import register_model
 
 __all__ = [
@@ -44,6 +55,14 @@ __all__ = [
 
 POS_EMBEDS = ("sincos", "rope", "none")
 GRASP_KEYS = ("quality", "cos", "sin", "width")  # order of the decoder's output channels
+RULES = {
+    **BASE_RULES,
+    "depth": AT_LEAST_1,
+    "rope_theta": POSITIVE,
+    "stem_chs": AT_LEAST_1,
+    "stem_depths": AT_LEAST_0,
+    "dec_depth": AT_LEAST_0,
+}
 
 
 # --- conv building blocks --------------------------------------------------------------------
@@ -124,6 +143,8 @@ class HybridTrunk(nn.Module):
     (strides 1, 2, 4, ...), which dense heads use as skip connections.
     """
 
+    grad_checkpointing = False
+
     def __init__(self, cfg: HybridTrunkConfig) -> None:
         super().__init__()
         self._validate(cfg)
@@ -153,7 +174,7 @@ class HybridTrunk(nn.Module):
 
     @staticmethod
     def _validate(cfg: HybridTrunkConfig) -> None:
-        check_config(cfg, "HybridTrunk")
+        check_config(cfg, "HybridTrunk", RULES)
         if len(cfg.stem_chs) != len(cfg.stem_depths) or not cfg.stem_chs:
             raise ValueError(
                 f"stem_chs {cfg.stem_chs} and stem_depths {cfg.stem_depths} must be non-empty "
@@ -175,7 +196,8 @@ class HybridTrunk(nn.Module):
         elif self.pos_embed == "rope":
             sin, cos = rope_2d(h, w, D // self.blocks[0].attn.num_heads, self.rope_theta)
             attn_kw = {"rope": (sin.to(x.device), cos.to(x.device))}
-        x = run_blocks(self.blocks, x, self.norm if self.residual else None, **attn_kw)
+        dual_norm = self.norm if self.residual else None
+        x = run_blocks(self.blocks, x, dual_norm, self.grad_checkpointing, **attn_kw)
         if norm and not self.residual:
             x = self.norm(x)
         return x.transpose(1, 2).reshape(B, D, h, w)  # (B, D, h, w), channels_last strides
@@ -195,7 +217,7 @@ class HybridTrunk(nn.Module):
         x = x.contiguous(memory_format=torch.channels_last)
         outs = []
         for i, stage in enumerate(self.stem[: take[-1] + 1]):
-            x = stage(x)
+            x = checkpointed(stage, self.grad_checkpointing, x)
             if i in take:
                 outs.append(x)
         if take[-1] == n - 1:
@@ -206,12 +228,15 @@ class HybridTrunk(nn.Module):
         return f"reduction={self.reduction}, pos_embed={self.pos_embed}"
 
 
-class _HybridModel(nn.Module):
+class _HybridModel(VisionModel):
     """What both heads share: the trunk, input checks, features and intermediates."""
+
+    config_rules = RULES
+    first_conv = "trunk.stem.0.0.conv"
 
     def __init__(self, cfg: HybridTrunkConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__)  # head fields too, named after the model
+        check_config(cfg, type(self).__name__, self.config_rules)  # head fields too
         self.cfg = cfg
         self.in_chans = cfg.in_chans
         self.num_features = self.embed_dim = cfg.embed_dim
@@ -226,7 +251,8 @@ class _HybridModel(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def _check(self, x: torch.Tensor) -> None:
-        w = self.trunk.proj.weight  # the stem convs are swapped when BatchNorm is folded
+        # the first stem conv: folding BatchNorm swaps the module, pruning may drop `proj`
+        w = next(self.trunk.stem.parameters())
         check_image(x, self.in_chans, self.trunk.reduction, type(self).__name__, w.dtype)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,17 +261,53 @@ class _HybridModel(nn.Module):
         return self.trunk(x)[0]
 
     def forward_intermediates(
-        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
-    ) -> list[torch.Tensor]:
-        """Stem stages (strides 1, 2, 4, ...) then the token map, as NCHW maps.
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """Stem stages (strides 1, 2, 4, ...) then the token map, NCHW; timm's signature.
 
         Args:
             x: Images.
             indices: Indices into ``feature_info`` (negative allowed), or an int for the last n.
             norm: Apply the final norm to the token map.
+            stop_early: Accepted for timm's signature: the token map is the last level, so
+                the trunk runs up to the last index taken and no further either way.
+            output_fmt: ``"NCHW"`` only (the stem is convolutional).
+            intermediates_only: Return only the list, not ``(forward_features(x), list)``.
         """
+        check_output_fmt(output_fmt, ("NCHW",), type(self).__name__)
         self._check(x)
-        return self.trunk.forward_intermediates(x, indices, norm)
+        maps = self.trunk.forward_intermediates(x, indices, norm)
+        return intermediates_result(lambda: self.trunk(x)[0], maps, intermediates_only)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the stem stages after the last index (the blocks too, unless it is the token
+        map), and the head; returns the indices."""
+        n = len(self.feature_info)
+        take = select_indices(indices, n, "stage")
+        if take[-1] < n - 1:
+            self.trunk.stem = self.trunk.stem[: take[-1] + 1]
+            self.trunk.proj = self.trunk.blocks = nn.Identity()
+            self.trunk.norm = nn.Identity()
+        elif prune_norm and not self.trunk.residual:
+            self.trunk.norm = nn.Identity()
+        if prune_head and hasattr(self, "reset_classifier"):
+            self.reset_classifier(0, "")
+        return take
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups: the conv stem, each Transformer block, the final norm."""
+        return {
+            "stem": r"^trunk\.(?:stem|proj)",
+            "blocks": [(r"^trunk\.blocks\.(\d+)", None), (r"^trunk\.norm", (99999,))],
+        }
 
     def no_weight_decay(self) -> set[str]:
         """Nothing is exempt by name: the position encodings are fixed, not learned."""
@@ -260,6 +322,7 @@ class HybridConfig(HybridTrunkConfig):
     """Trunk plus an average-pool classifier head."""
 
     num_classes: int = 1000
+    global_pool: str = "avg"  # "avg" or "" (forward returns the NCHW token map)
     drop_rate: float = 0.0  # before the head
 
 
@@ -268,6 +331,8 @@ class HybridClassifier(_HybridModel):
 
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__(cfg)
+        self._check_pool(cfg.global_pool)
+        self.global_pool = cfg.global_pool
         self.num_classes = cfg.num_classes
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
@@ -275,14 +340,22 @@ class HybridClassifier(_HybridModel):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Average-pool the NCHW token map and classify; ``pre_logits`` returns the pooled."""
-        x = self.head_drop(x.mean(dim=(2, 3)))  # (B, D)
-        return x if pre_logits else self.head(x)
+        if self.global_pool == "avg":
+            x = x.mean(dim=(2, 3))  # (B, D)
+        else:  # unpooled: the linear acts per position, as in timm
+            x = x.permute(0, 2, 3, 1)  # (B, h, w, D)
+        x = self.head_drop(x)
+        x = x if pre_logits else self.head(x)
+        return x if self.global_pool == "avg" else x.permute(0, 3, 1, 2)  # (B, D|K, h, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Swap the head for fine-tuning on another label set."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
+        if global_pool is not None:
+            self._check_pool(global_pool)
+            self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
 
@@ -326,6 +399,8 @@ class GraspHybrid(_HybridModel):
     bottom/right and the maps are cropped back, so every level upsamples by exactly 2.
     """
 
+    task = "grasp"
+
     def __init__(self, cfg: GraspHybridConfig) -> None:
         super().__init__(cfg)
         chs = cfg.stem_chs
@@ -335,6 +410,12 @@ class GraspHybrid(_HybridModel):
         )
         self.head = nn.Conv2d(chs[0], len(GRASP_KEYS), 1)
         self._init_weights()
+
+    def norm_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """RGB as ImageNet, depth already centred and clipped (``vision_tfm.data.grasp``)."""
+        if self.in_chans == 1:
+            return (0.0,), (1.0,)
+        return super().norm_stats()
 
     def decode(self, x: torch.Tensor, skips: Sequence[torch.Tensor]) -> torch.Tensor:
         """Token map and stem maps (fine -> coarse) -> raw ``(B, 4, H, W)`` map logits."""

@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_module
 from torch import nn
 
 from ..layers import (
@@ -26,11 +27,20 @@ from ..layers import (
     LayerNorm,
     PatchEmbed,
     check_image,
+    checkpointed,
     relative_position_bias,
     relative_position_index,
     symbolic,
 )
-from ._common import block_kwargs, check_config, init_weights, select_indices
+from ._common import (
+    AT_LEAST_1,
+    BASE_RULES,
+    block_kwargs,
+    check_config,
+    init_weights,
+    select_indices,
+)
+from .base import VisionModel, check_output_fmt, intermediates_result
 from .registry import register_model
 
 __all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
@@ -119,6 +129,7 @@ class WindowAttention(Attention):
         self.frozen_bias = self.rel_bias().detach()
 
 
+@register_notrace_module  # fx: window padding and shifts depend on the input size
 class SwinBlock(Block):
     """A Transformer block whose attention runs in (optionally shifted) windows.
 
@@ -188,6 +199,7 @@ class SwinBlock(Block):
         return f"window_size={self.window_size}, shift_size={self.shift_size}"
 
 
+@register_notrace_module  # fx: odd sides are padded
 class PatchMerging(nn.Module):
     """Halve resolution, double width: concat each 2x2 neighbourhood, norm, project."""
 
@@ -208,6 +220,8 @@ class PatchMerging(nn.Module):
 
 class SwinStage(nn.Module):
     """Optional patch merging, then blocks alternating regular and shifted windows."""
+
+    grad_checkpointing = False
 
     def __init__(
         self,
@@ -239,7 +253,7 @@ class SwinStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.downsample(x)  # (B, H, W, C)
         for blk in self.blocks:
-            x = blk(x)
+            x = checkpointed(blk, self.grad_checkpointing, x)
         return x
 
 
@@ -258,18 +272,31 @@ class SwinConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     norm_place: str = "pre"
+    global_pool: str = "avg"  # "avg" or "" (forward returns the NHWC map)
     drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(VisionModel):
     """Hierarchical backbone: stage i has stride ``patch * 2**i`` and ``embed * 2**i`` channels."""
+
+    checkpoint_family = "swin"
+    backbone_kind = "stages"
+    config_rules = {
+        **BASE_RULES,
+        "patch_size": AT_LEAST_1,
+        "depths": AT_LEAST_1,
+        "window_size": AT_LEAST_1,
+    }
+    classifier = "head.fc"
+    output_fmt = "NHWC"
 
     def __init__(self, cfg: SwinConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__)
+        check_config(cfg, type(self).__name__, self.config_rules)
+        self._check_heads(cfg)
         if cfg.norm_place not in ("pre", "post"):  # "residual" needs one token stream
             raise ValueError(
                 f"{type(self).__name__} config: norm_place must be 'pre' or 'post', "
@@ -303,12 +330,29 @@ class SwinTransformer(nn.Module):
             )
         )
         self.norm = norm(self.num_features)
-        self.head = ClassifierHead(self.num_features, cfg.num_classes, cfg.drop_rate)
+        self._check_pool(cfg.global_pool)
+        self.head = ClassifierHead(
+            self.num_features, cfg.num_classes, cfg.drop_rate, cfg.global_pool
+        )
         self.feature_info = [
             {"module": f"layers.{i}", "num_chs": d, "reduction": cfg.patch_size * 2**i}
             for i, d in enumerate(dims)
         ]
         self.apply(init_weights)
+
+    def _check_heads(self, cfg: SwinConfig) -> None:
+        """Per-stage heads: one per stage, each dividing its stage's width."""
+
+        def fail(field: str, value: object, expected: str) -> None:
+            raise ValueError(
+                f"{type(self).__name__} config: {field} must be {expected}, got {value!r}"
+            )
+
+        if len(cfg.depths) != len(cfg.num_heads):
+            fail("num_heads", cfg.num_heads, f"one entry per stage (depths {cfg.depths})")
+        for i, h in enumerate(cfg.num_heads):
+            if (cfg.embed_dim * 2**i) % h:
+                fail(f"num_heads[{i}]", h, f"a divisor of stage {i}'s width {cfg.embed_dim * 2**i}")
 
     def _check(self, x: torch.Tensor) -> None:
         dtype = self.patch_embed.proj.weight.dtype
@@ -328,43 +372,90 @@ class SwinTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
-        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
-    ) -> list[torch.Tensor]:
-        """Per-stage NCHW maps (strides 4, 8, 16, 32 for patch 4).
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """Per-stage maps (strides 4, 8, 16, 32 for patch 4), timm's signature and return.
 
         ``norm`` applies the final norm to the last stage's map, as the classifier sees it.
+        ``output_fmt`` is ``"NCHW"`` or the stages' own ``"NHWC"``; the final features
+        (``intermediates_only=False``) are NHWC like ``forward_features``.
         """
+        check_output_fmt(output_fmt, ("NCHW", "NHWC"), type(self).__name__)
         take = select_indices(indices, len(self.layers), "stage")
         self._check(x)
         x = self.patch_embed(x)
+        last = take[-1] + 1 if stop_early or intermediates_only else len(self.layers)
         outs = []
-        for i, stage in enumerate(self.layers[: take[-1] + 1]):
+        for i, stage in enumerate(self.layers[:last]):
             x = stage(x)  # (B, H_i, W_i, C_i)
             if i in take:
                 y = self.norm(x) if norm and i == len(self.layers) - 1 else x
-                outs.append(y.permute(0, 3, 1, 2).contiguous())  # (B, C_i, H_i, W_i)
-        return outs
+                outs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+        return intermediates_result(lambda: self.norm(x), outs, intermediates_only)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the stages after the last index (and the norm / head); returns the indices."""
+        take = select_indices(indices, len(self.layers), "stage")
+        self.layers = self.layers[: take[-1] + 1]
+        self.feature_info = self.feature_info[: take[-1] + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups: by stage (coarse), else by block, merges with their stage."""
+        return {
+            "stem": r"^patch_embed",
+            "blocks": r"^layers\.(\d+)"
+            if coarse
+            else [
+                (r"^layers\.(\d+).downsample", (0,)),
+                (r"^layers\.(\d+)\.\w+\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        }
 
     def no_weight_decay(self) -> set[str]:
         """The relative position tables are biases, not weights to shrink."""
         return {n for n, _ in self.named_parameters() if "relative_position_bias_table" in n}
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Swap the head for fine-tuning on another label set."""
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
+        if global_pool is not None:
+            self._check_pool(global_pool)
+        pool = self.head.global_pool if global_pool is None else global_pool
         self.num_classes = num_classes
-        self.head = ClassifierHead(self.num_features, num_classes, self.cfg.drop_rate)
+        self.head = ClassifierHead(self.num_features, num_classes, self.cfg.drop_rate, pool)
 
 
 class ClassifierHead(nn.Module):
-    """Global average pool over an NHWC map, dropout, linear (``head.fc`` as in timm)."""
+    """Global average pool over an NHWC map, dropout, linear (``head.fc`` as in timm).
 
-    def __init__(self, dim: int, num_classes: int, drop: float = 0.0) -> None:
+    ``global_pool=""`` keeps the map: the linear then acts per position, as in timm.
+    """
+
+    def __init__(
+        self, dim: int, num_classes: int, drop: float = 0.0, global_pool: str = "avg"
+    ) -> None:
         super().__init__()
+        self.global_pool = global_pool
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(dim, num_classes) if num_classes else nn.Identity()
 
     def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.drop(x.mean(dim=(1, 2)))  # (B, C)
+        if self.global_pool == "avg":
+            x = x.mean(dim=(1, 2))  # (B, C)
+        x = self.drop(x)
         return x if pre_logits else self.fc(x)
 
 

@@ -19,6 +19,7 @@ from ..layers import (
     PatchEmbed,
     block_stack,
     check_image,
+    checkpointed,
     get_mlp_layer,
     get_norm_layer,
     resample_abs_pos_embed,
@@ -26,7 +27,17 @@ from ..layers import (
     run_blocks,
     sincos_2d,
 )
-from ._common import block_kwargs, check_config, init_weights, select_indices
+from ._common import (
+    AT_LEAST_1,
+    BASE_RULES,
+    NON_NEGATIVE,
+    POSITIVE,
+    block_kwargs,
+    check_config,
+    init_weights,
+    select_indices,
+)
+from .base import VisionModel, check_output_fmt, intermediates_result
 from .registry import register_model
 
 __all__ = ["ViTConfig", "VisionTransformer"]
@@ -49,7 +60,7 @@ class ViTConfig:
     qkv_bias: bool = True
     qk_norm: bool = False
     class_token: bool = True
-    global_pool: str = "token"  # "token" (class token) or "avg" (mean of patch tokens)
+    global_pool: str = "token"  # "token" (class token), "avg" (mean of patch tokens), "" (none)
     pos_embed: str = "learn"  # "learn" | "sincos" | "rope" | "none"
     rope_theta: float = 100.0
     norm_place: str = "pre"  # "pre" | "post" | "residual"
@@ -62,12 +73,24 @@ class ViTConfig:
     drop_path_rate: float = 0.0
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(VisionModel):
     """ViT with class-token or average pooling, for any input size."""
+
+    checkpoint_family = "vit"
+    backbone_kind = "simple_pyramid"
+    config_rules = {
+        **BASE_RULES,
+        "patch_size": AT_LEAST_1,
+        "depth": AT_LEAST_1,
+        "rope_theta": POSITIVE,
+        "init_values": NON_NEGATIVE,
+    }
+    global_pools = ("token", "avg", "")
+    output_fmt = "NLC"
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__)
+        check_config(cfg, type(self).__name__, self.config_rules)
         self._validate(cfg)
         self.cfg = cfg
         self.num_classes = cfg.num_classes
@@ -115,8 +138,7 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
 
-    @staticmethod
-    def _validate(cfg: ViTConfig) -> None:
+    def _validate(self, cfg: ViTConfig) -> None:
         if cfg.img_size < cfg.patch_size:
             raise ValueError(
                 f"img_size {cfg.img_size} is smaller than one patch (patch_size {cfg.patch_size})"
@@ -126,10 +148,7 @@ class VisionTransformer(nn.Module):
                 f"img_size {cfg.img_size} must be a multiple of patch_size {cfg.patch_size}: "
                 "the position table covers whole patches (other input sizes are fine at run time)"
             )
-        if cfg.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {cfg.global_pool!r}")
-        if cfg.global_pool == "token" and not cfg.class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
+        self._check_pool(cfg.global_pool, cfg.class_token)
         if cfg.pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
         if cfg.norm_place not in NORM_PLACEMENTS:
@@ -166,7 +185,7 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image ``(B, C, H, W)`` -> normed tokens ``(B, prefix + N, D)``."""
         x, attn_kw, _ = self.embed(x)
-        x = run_blocks(self.blocks, x, final_dual_norm=self._dual_norm(), **attn_kw)
+        x = run_blocks(self.blocks, x, self._dual_norm(), self.grad_checkpointing, **attn_kw)
         return x if self.cfg.norm_place == "residual" else self.norm(x)
 
     def _dual_norm(self) -> nn.Module | None:
@@ -176,7 +195,7 @@ class VisionTransformer(nn.Module):
         """Pool tokens and classify; ``pre_logits`` returns the pooled feature instead."""
         if self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
-        else:
+        elif self.global_pool == "token":
             x = x[:, 0]  # class token (B, D)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
@@ -185,34 +204,83 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
-        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
-    ) -> list[torch.Tensor]:
-        """Block outputs as NCHW maps ``(B, D, H/p, W/p)`` for dense heads and probes.
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """Block outputs for dense heads and probes, with timm's signature and return.
 
         Args:
             x: Images.
             indices: Block indices (negative allowed), or an int for the last n blocks.
+            return_prefix_tokens: Pair each map with its prefix (class) tokens ``(B, P, D)``.
             norm: Apply the final norm to each map (as detection necks usually want).
+            stop_early: Skip the blocks after the last one taken (always, when only the
+                intermediates are returned: the result is the same).
+            output_fmt: ``"NCHW"`` maps ``(B, D, H/p, W/p)`` or ``"NLC"`` tokens ``(B, N, D)``.
+            intermediates_only: Return only the list, not ``(forward_features(x), list)``.
         """
+        check_output_fmt(output_fmt, ("NCHW", "NLC"), type(self).__name__)
         take = select_indices(indices, len(self.blocks), "block")
         if self.cfg.norm_place == "residual":
             raise ValueError("forward_intermediates is not defined for ResiDual blocks")
         x, attn_kw, (gh, gw) = self.embed(x)
+        last = take[-1] + 1 if stop_early or intermediates_only else len(self.blocks)
         outs = []
-        for i, blk in enumerate(self.blocks[: take[-1] + 1]):
-            x = blk(x, **attn_kw)
+        for i, blk in enumerate(self.blocks[:last]):
+            x = checkpointed(blk, self.grad_checkpointing, x, **attn_kw)
             if i in take:
                 y = self.norm(x) if norm else x
-                y = y[:, self.num_prefix_tokens :]  # drop class token (B, N, D)
-                outs.append(y.transpose(1, 2).reshape(y.shape[0], -1, gh, gw))  # (B, D, gh, gw)
-        return outs
+                prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens :]
+                if output_fmt == "NCHW":  # (B, N, D) -> (B, D, gh, gw)
+                    y = y.transpose(1, 2).reshape(y.shape[0], -1, gh, gw)
+                outs.append((y, prefix) if return_prefix_tokens else y)
+        return intermediates_result(lambda: self.norm(x), outs, intermediates_only)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks after the last index (and the norm / head); returns the indices."""
+        take = select_indices(indices, len(self.blocks), "block")
+        self.blocks = self.blocks[: take[-1] + 1]
+        self.feature_info = self.feature_info[: take[-1] + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return take
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups (layer decay): embeddings, each block, the final norm."""
+        return {
+            "stem": r"^cls_token|pos_embed|patch_embed",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay would only shrink towards a meaningless zero."""
         return {"pos_embed", "cls_token"}
 
-    def reset_classifier(self, num_classes: int) -> None:
-        """Swap the head for fine-tuning on another label set."""
+    def pool_size(self) -> None:
+        return None  # forward_features gives tokens
+
+    def _check_pool(self, global_pool: str, class_token: bool | None = None) -> None:
+        super()._check_pool(global_pool)
+        has_token = self.num_prefix_tokens > 0 if class_token is None else class_token
+        if global_pool == "token" and not has_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
+        if global_pool is not None:
+            self._check_pool(global_pool)
+            self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
 

@@ -15,7 +15,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ..data import AugConfig, DataConfig, build_cls_datasets
-from ..models import create_model, load_pretrained
 from ..models.registry import get_model_entry
 from .checkpoint import shipped_weights
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
@@ -57,7 +56,7 @@ def build_cls_model(
     kw: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
     if hasattr(entry.cfg, "img_size"):
         kw["img_size"] = img_size
-    return create_model(model_cfg.name, **{**kw, **model_cfg.kwargs})
+    return model_cfg.create(**kw)
 
 
 class ClassificationTask:
@@ -77,8 +76,6 @@ class ClassificationTask:
         data = build_cls_datasets(cfg.data, cfg.aug)
         self.data = data
         model = build_cls_model(cfg.model, data.num_classes, data.in_chans, cfg.data.img_size)
-        if cfg.model.pretrained:
-            load_pretrained(model, cfg.model.pretrained)
         a = cfg.aug
         if a.mixup > 0 or a.cutmix > 0:
             self.mixup = Mixup(

@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
 
 @dataclass
@@ -40,12 +41,41 @@ class ModelConfig:
     Attributes:
         name: A registered name (``vt.list_models()``).
         kwargs: Overrides of the family's config dataclass (``depth``, ``drop_path_rate``...).
-        pretrained: Optional checkpoint (timm / torchvision / official Swin) to start from.
+        pretrained: Weights to start from: ``true`` (timm's default published weights for
+            the name, via the Hugging Face cache), a timm tag (``augreg_in21k_ft_in1k``), or
+            a checkpoint file (timm / torchvision / official Swin / a vision_tfm run).
+        grad_checkpointing: Recompute block activations in backward (less memory, more time).
     """
 
     name: str = "vit_mnist"
     kwargs: dict[str, Any] = field(default_factory=dict)
-    pretrained: str = ""
+    pretrained: bool | str = ""
+    grad_checkpointing: bool = False
+
+    def weights(self) -> tuple[bool | str, str | None]:
+        """``pretrained`` as ``create_model``'s (pretrained, checkpoint_path) pair.
+
+        A value with a path separator or a checkpoint suffix, or naming an existing file, is
+        a file; any other string is a tag of the published weights.
+        """
+        p = self.pretrained
+        if not isinstance(p, str) or not p:
+            return bool(p), None
+        if os.sep in p or "/" in p or Path(p).suffix in _CKPT_SUFFIXES or Path(p).exists():
+            return False, p
+        return p, None
+
+    def create(self, **defaults: Any) -> Any:
+        """The model: ``defaults`` (from the data), then ``kwargs``, weights, checkpointing."""
+        from ..models import create_model
+
+        pretrained, path = self.weights()
+        model = create_model(
+            self.name, pretrained=pretrained, checkpoint_path=path, **{**defaults, **self.kwargs}
+        )
+        if self.grad_checkpointing:
+            model.set_grad_checkpointing()
+        return model
 
 
 @dataclass
@@ -159,9 +189,8 @@ def save_config(cfg: Any, path: str | os.PathLike) -> None:
 def grasp_models() -> list[str]:
     """Registered models that predict grasp maps (``train_grasp.py``); the rest classify."""
     from ..models import get_model_entry, list_models
-    from ..models.hybrid import GraspHybrid
 
-    return [n for n in list_models() if issubclass(get_model_entry(n).cls, GraspHybrid)]
+    return [n for n in list_models() if getattr(get_model_entry(n).cls, "task", "cls") == "grasp"]
 
 
 def config_hash(cfg: Any) -> str:

@@ -44,7 +44,14 @@ from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
 from .distributed import all_reduce_sum, cleanup, init_distributed, is_main, world_size
 from .logging import MetricLogger
 
-__all__ = ["NonFiniteLossError", "Task", "Trainer", "TrainerConfig", "make_run_dir"]
+__all__ = [
+    "NonFiniteLossError",
+    "Task",
+    "Trainer",
+    "TrainerConfig",
+    "build_optimizer",
+    "make_run_dir",
+]
 
 PRECISIONS = ("fp32", "amp", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -52,6 +59,21 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or inf; the last good checkpoint is kept."""
+
+
+def build_optimizer(model: nn.Module, o: OptimConfig, lr: float) -> torch.optim.Optimizer:
+    """timm's optimiser for ``optim``: weight decay off for norms, biases and the model's
+    ``no_weight_decay()``; with ``layer_decay``, each group's ``lr_scale`` follows the model's
+    ``group_matcher`` (BEiT's ``decay ** (depth + 1 - layer_id)``)."""
+    return create_optimizer_v2(
+        model,
+        opt=o.opt,
+        lr=lr,
+        weight_decay=o.weight_decay,
+        momentum=o.momentum,
+        layer_decay=o.layer_decay or None,
+        **({"betas": o.betas} if "adam" in o.opt or "lamb" in o.opt else {}),
+    )
 
 
 class TrainerConfig(Protocol):
@@ -232,15 +254,7 @@ class Trainer:
         global_batch = self.task.batch_size * cfg.optim.accum_steps * world_size()
         self.base_lr = self._lr(global_batch)
         o = cfg.optim
-        self.optimizer = create_optimizer_v2(
-            self.model,
-            opt=o.opt,
-            lr=self.base_lr,
-            weight_decay=o.weight_decay,
-            momentum=o.momentum,
-            layer_decay=o.layer_decay or None,
-            **({"betas": o.betas} if "adam" in o.opt or "lamb" in o.opt else {}),
-        )
+        self.optimizer = build_optimizer(self.model, o, self.base_lr)
         self.steps_per_epoch = max(1, self._num_batches() // o.accum_steps)
         total = cfg.sched.epochs * self.steps_per_epoch
         warm = min(int(cfg.sched.warmup_epochs * self.steps_per_epoch), max(total - 1, 0))

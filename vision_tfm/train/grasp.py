@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..data.grasp import GraspAugment, build_grasp_datasets, grasp_collate
 from ..grasp import MAP_KEYS, WIDTH_SCALE, batch_grasp_correct, decode_grasps
-from ..models import create_model, get_model_entry, load_pretrained
+from ..models import get_model_entry
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_curves
@@ -159,9 +159,7 @@ def build_grasp_model(cfg: GraspConfig) -> nn.Module:
     check_grasp_model(cfg.model.name)
     if cfg.data.input not in IN_CHANS:
         raise ValueError(f"data.input must be one of {sorted(IN_CHANS)}, got {cfg.data.input!r}")
-    return create_model(
-        cfg.model.name, **{"in_chans": IN_CHANS[cfg.data.input], **cfg.model.kwargs}
-    )
+    return cfg.model.create(in_chans=IN_CHANS[cfg.data.input])
 
 
 class GraspTask:
@@ -223,8 +221,6 @@ class GraspTask:
             cache=d.cache,
         )
         model = build_grasp_model(self.cfg)
-        if self.cfg.model.pretrained:
-            load_pretrained(model, self.cfg.model.pretrained)
         meta = {
             "task": "grasp",
             "model_name": self.cfg.model.name,

@@ -1,0 +1,115 @@
+"""``pretrained=True`` / a tag / ``checkpoint_path=`` from a local Hugging Face cache, offline.
+
+The cache is built here from a randomly initialised (shrunk) timm model in the hub's layout
+(``models--timm--<name>.<tag>/refs/main`` -> ``snapshots/<commit>/model.safetensors``), and the
+hub is switched offline: nothing downloads.
+"""
+
+import huggingface_hub
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import vision_tfm as vt
+from vision_tfm.train.config import ModelConfig
+
+NAME, TAG = "vit_tiny_patch16_224", "augreg_in21k_ft_in1k"
+SHRINK = {"depth": 2}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """An offline hub whose cache is ``tmp_path`` (empty until ``add`` puts a model in)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+
+    def add(name: str, tag: str, model: torch.nn.Module) -> None:
+        repo = tmp_path / f"models--timm--{name}.{tag}"
+        commit = "0" * 40
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(commit)
+        snap = repo / "snapshots" / commit
+        snap.mkdir(parents=True)
+        sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(sd, snap / "model.safetensors")
+
+    return add
+
+
+def _timm_ref(**kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(NAME, **SHRINK, **kw).eval()
+
+
+def test_pretrained_true_and_tag_match_timm_logits(offline_cache):
+    ref = _timm_ref()
+    offline_cache(NAME, TAG, ref)  # the tag timm resolves by default for this name
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        want = ref(x)
+        for m in (
+            vt.create_model(NAME, pretrained=True, **SHRINK),
+            vt.create_model(NAME, pretrained=TAG, **SHRINK),
+            vt.create_model(f"{NAME}.{TAG}", **SHRINK),
+        ):
+            assert (m.eval()(x) - want).abs().max().item() <= 1e-5
+    assert m.pretrained_cfg["mean"] == (0.5, 0.5, 0.5)  # the weights' normalisation, from timm
+    assert m.pretrained_cfg["hf_hub_id"] == f"timm/{NAME}.{TAG}"
+
+
+def test_pretrained_adapts_channels_head_and_grid_as_timm_does(offline_cache):
+    offline_cache(NAME, TAG, _timm_ref())
+    x = torch.randn(1, 1, 224, 224)
+    ref = timm.create_model(NAME, pretrained=True, in_chans=1, num_classes=0, **SHRINK).eval()
+    ours = vt.create_model(NAME, pretrained=True, in_chans=1, num_classes=0, **SHRINK)
+    with torch.no_grad():
+        assert (ours.eval()(x) - ref(x)).abs().max().item() <= 1e-5  # summed RGB filters
+    with pytest.warns(UserWarning, match="another class count"):
+        m = vt.create_model(NAME, pretrained=True, num_classes=7, img_size=160, **SHRINK)
+    assert m.pos_embed.shape == (1, 1 + 10 * 10, 192)  # resampled from 14 x 14
+
+
+def test_offline_without_cache_is_one_line_naming_repo_cache_and_alternative(
+    offline_cache, tmp_path
+):
+    with pytest.raises(RuntimeError, match="checkpoint_path=") as e:
+        vt.create_model(NAME, pretrained=True, **SHRINK)
+    msg = str(e.value)
+    assert "\n" not in msg and f"timm/{NAME}.{TAG}" in msg and str(tmp_path) in msg
+
+
+def test_no_published_weights_or_unknown_tag():
+    with pytest.raises(ValueError, match="checkpoint_path="):
+        vt.create_model("vit_mnist", pretrained=True)
+    with pytest.raises(ValueError, match="augreg_in21k_ft_in1k"):  # lists the real tags
+        vt.create_model(NAME, pretrained="no_such_tag", **SHRINK)
+
+
+def test_checkpoint_path_and_train_config_forms(tmp_path):
+    ref = _timm_ref()
+    path = tmp_path / "w.pth"
+    torch.save(ref.state_dict(), path)
+    x = torch.randn(1, 3, 224, 224)
+    m = ModelConfig(name=NAME, kwargs=SHRINK, pretrained=str(path)).create()
+    with torch.no_grad():
+        assert (m.eval()(x) - ref(x)).abs().max().item() <= 1e-5
+    assert ModelConfig(pretrained=True).weights() == (True, None)
+    assert ModelConfig(pretrained=TAG).weights() == (TAG, None)
+    assert ModelConfig(pretrained="runs/a/best.pt").weights() == (False, "runs/a/best.pt")
+    assert ModelConfig().weights() == (False, None)
+    own = vt.create_model("hybrid_test")  # a family with no foreign layout loads its own keys
+    torch.save({"model": own.state_dict()}, tmp_path / "own.pt")
+    again = vt.create_model("hybrid_test", checkpoint_path=tmp_path / "own.pt")
+    assert all(
+        torch.equal(a, b) for a, b in zip(own.state_dict().values(), again.state_dict().values())
+    )

@@ -1,0 +1,152 @@
+"""timm's model contract, once for every family, and the plug-in points a family declares.
+
+A family subclasses :class:`VisionModel`, sets the class attributes below that differ from the
+defaults, and registers its sizes with ``register_model``: nothing else in the package names
+its class. ``create_model``, ``load_pretrained``, ``create_backbone``, the training scripts and
+``check_config`` read these attributes instead of testing class names or subclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import register_notrace_function, register_notrace_module
+from torch import nn
+
+from ..layers import Attention, PatchEmbed, resample_abs_pos_embed, rope_2d, sincos_2d
+
+__all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
+
+OUTPUT_FMTS = ("NCHW", "NHWC", "NLC")
+
+# fx: modules and functions that branch on sizes run as single graph nodes. timm's registries
+# are what timm's (and torchvision's, given timm's tracer kwargs) feature extractors read.
+for _m in (PatchEmbed, Attention):
+    register_notrace_module(_m)
+for _f in (resample_abs_pos_embed, rope_2d, sincos_2d):
+    register_notrace_function(_f)
+
+
+def intermediates_result(
+    final: Callable[[], torch.Tensor], maps: list, intermediates_only: bool
+) -> list | tuple[torch.Tensor, list]:
+    """timm's return convention: the maps alone, or ``(final features, maps)``."""
+    return maps if intermediates_only else (final(), maps)
+
+
+def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:
+    if output_fmt not in allowed:
+        raise ValueError(f"{owner}: output_fmt must be one of {allowed}, got {output_fmt!r}")
+
+
+class VisionModel(nn.Module):
+    """Base of every family: timm's model API where it is the same for all of them.
+
+    Plug-in points (class attributes a family overrides):
+        task: ``"cls"`` (logits, ``train_cls.py``) or ``"grasp"`` (dense maps, ``train_grasp.py``).
+        checkpoint_family: Which foreign layouts ``load_pretrained`` accepts (``"vit"``,
+            ``"swin"``: the suffix of ``convert.detect_source``); ``None``: own keys only.
+        backbone_kind: How ``create_backbone`` reads its features: ``"stages"`` (hierarchical
+            maps as they are), ``"simple_pyramid"`` (ViTDet's pyramid from one plain map), or
+            ``None`` (no detection backbone).
+        config_rules: Field name -> ``(check, expected)`` used by ``check_config``.
+        first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
+        global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
+    """
+
+    task: ClassVar[str] = "cls"
+    checkpoint_family: ClassVar[str | None] = None
+    backbone_kind: ClassVar[str | None] = None
+    config_rules: ClassVar[Mapping[str, Any]] = {}
+    first_conv: ClassVar[str] = "patch_embed.proj"
+    classifier: ClassVar[str] = "head"
+    global_pools: ClassVar[tuple[str, ...]] = ("avg", "")
+    output_fmt: str = "NCHW"  # layout of forward_features
+    grad_checkpointing: bool = False
+
+    cfg: Any
+    num_features: int
+    feature_info: list[dict[str, Any]]
+
+    # --- timm's attributes ---------------------------------------------------------------
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of ``forward_head(pre_logits=True)`` (no pre-logits layer: num_features)."""
+        return self.num_features
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's ``pretrained_cfg``: what ``timm.data.resolve_data_config`` reads.
+
+        Built from the config, then overlaid with the matched timm weights' cfg (mean, std,
+        crop) and ``pretrained_cfg_overlay`` given to ``create_model``.
+        """
+        size = self.cfg.img_size
+        mean, std = self.norm_stats()
+        out = {
+            "architecture": getattr(self, "model_name", type(self).__name__),
+            "input_size": (self.in_chans, size, size),
+            "fixed_input_size": False,
+            "num_classes": getattr(self, "num_classes", 0),
+            "mean": mean,
+            "std": std,
+            "crop_pct": 1.0 if size < 64 else 0.9,
+            "crop_mode": "center",
+            "interpolation": "bicubic",
+            "pool_size": self.pool_size(),
+            "first_conv": self.first_conv,
+            "classifier": self.classifier,
+        }
+        return {**out, **getattr(self, "_cfg_overlay", {})}
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name for :attr:`pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    def norm_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Normalisation mean and std the data pipeline uses for this many channels."""
+        if self.in_chans == 1:
+            from ..data.config import MNIST_MEAN, MNIST_STD  # the one-channel data we ship
+
+            return MNIST_MEAN, MNIST_STD
+        extra = self.in_chans - 3
+        if extra < 0:
+            return (0.5,) * self.in_chans, (0.5,) * self.in_chans
+        return (
+            tuple(IMAGENET_DEFAULT_MEAN) + (0.0,) * extra,
+            tuple(IMAGENET_DEFAULT_STD) + (1.0,) * extra,
+        )
+
+    def pool_size(self) -> tuple[int, int] | None:
+        """Spatial size of ``forward_features`` at ``img_size`` (None for token sequences)."""
+        r = self.feature_info[-1]["reduction"]
+        n = -(-self.cfg.img_size // r)
+        return (n, n)
+
+    # --- timm's methods ------------------------------------------------------------------
+
+    def get_classifier(self) -> nn.Module:
+        """The final classification layer (``nn.Identity`` without a head)."""
+        return self.get_submodule(self.classifier)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward instead of storing them (less memory)."""
+        for m in self.modules():  # the model and the parts that loop over blocks
+            if hasattr(m, "grad_checkpointing"):
+                m.grad_checkpointing = enable
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names weight decay would only shrink towards a meaningless zero."""
+        return set()
+
+    def _check_pool(self, global_pool: str) -> None:
+        if global_pool not in self.global_pools:
+            raise ValueError(
+                f"{type(self).__name__}: global_pool must be one of {self.global_pools}, "
+                f"got {global_pool!r}"
+            )
