@@ -516,6 +516,19 @@ def test_flops_follow_the_two_per_multiply_add_convention() -> None:
     assert calls[:6] == ["a"] * 3 + ["b"] * 3 and calls[6:10] == ["a", "a", "b", "b"]
 
 
+@pytest.mark.parametrize(
+    ("name", "gmacs"),
+    [("vit_small_patch16_224", 4.6), ("swin_tiny_patch4_window7_224", 4.5)],  # DeiT / Swin papers
+)
+def test_flops_count_cpu_attention_and_match_the_papers(name: str, gmacs: float) -> None:
+    """On CPU, SDPA runs a kernel torch's counter had no formula for: attention went uncounted."""
+    from vision_tfm import create_model
+    from vision_tfm.export import count_flops
+
+    model = create_model(name).eval()
+    assert count_flops(model, torch.zeros(1, 3, 224, 224)) / 2e9 == pytest.approx(gmacs, rel=0.02)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate: str) -> None:
     """At opset 18 (no Gelu op) GELU is written out so that onnxruntime fuses it to one node."""
