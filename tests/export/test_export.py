@@ -10,12 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from vision_tfm.cli import main
 from vision_tfm.config import apply_overrides, config_to_dict
-from vision_tfm.data.config import MNIST_MEAN, MNIST_STD
+from vision_tfm.data.config import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from vision_tfm.train import ClsConfig, atomic_save, build_cls_model
 from vision_tfm.train.grasp import GraspConfig, build_grasp_model
 
@@ -39,20 +40,29 @@ TINY = {
 }
 
 
-def cls_checkpoint(path: Path, name: str, model_name: str | None = None) -> Path:
-    """An untrained tiny classifier saved as a training checkpoint (parity needs no training)."""
-    cfg = apply_overrides(ClsConfig(), {"model.name": name, "model.kwargs": TINY[name]})
+def cls_checkpoint(
+    path: Path,
+    name: str,
+    model_name: str | None = None,
+    in_chans: int = 1,
+    crop_pct: float = 1.0,
+) -> Path:
+    """An untrained tiny 28x28 classifier saved as a training checkpoint (parity needs no
+    training); gray with MNIST statistics, or RGB with ImageNet's."""
+    over = {"model.name": name, "model.kwargs": TINY[name], "data.crop_pct": crop_pct}
+    cfg = apply_overrides(ClsConfig(), over)
     torch.manual_seed(0)
-    model = build_cls_model(cfg.model, 10, 1, 28)
+    model = build_cls_model(cfg.model, 10, in_chans, 28)
+    mean, std = (MNIST_MEAN, MNIST_STD) if in_chans == 1 else (IMAGENET_MEAN, IMAGENET_STD)
     meta = {
         "task": "cls",
         "model_name": model_name or name,
         "num_classes": 10,
-        "in_chans": 1,
+        "in_chans": in_chans,
         "img_size": 28,
         "class_names": [str(i) for i in range(10)],
-        "mean": list(MNIST_MEAN),
-        "std": list(MNIST_STD),
+        "mean": list(mean),
+        "std": list(std),
     }
     ckpt = path / f"{name}.pt"
     atomic_save({"model": model.state_dict(), "config": config_to_dict(cfg), "meta": meta}, ckpt)
@@ -236,8 +246,9 @@ def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
     assert meta["img_size"] == [28, 42] and meta["input_shape"] == [1, 1, 28, 42]
     assert meta["train_img_size"] == [28, 28]
     pre = meta["preprocess"]
-    assert pre["resize_short_side"] == 28 and pre["center_crop"] == [28, 28]
-    assert "INTER_CUBIC" in pre["interpolation"] and pre["channels"].startswith("gray")
+    assert pre["resize"]["short_side"] == 28 and pre["center_crop"]["size"] == [28, 28]
+    assert "INTER_CUBIC" in pre["resize"]["filter"] and pre["channels"]["mode"] == "L"
+    assert meta["checkpoint"] == "vit_mnist.pt"  # a name: a path would leak the machine
     assert (tmp_path / "model-int8-dynamic.onnx").is_file()
     capsys.readouterr()
     vtfm(*common[:4], "batch", "--overwrite")  # the fp32 model changes; its int8 would lie
@@ -551,3 +562,63 @@ def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate:
     assert not {"Erf", "Tanh"} & set(ops), ops
     assert {"Gelu", "BiasGelu", "FastGelu"} & set(ops), ops
     torch.testing.assert_close(ort_runner(sess)(x)[0], model(x), atol=1e-5, rtol=1e-5)
+
+
+def client_images(folder: Path) -> list[Path]:
+    """One file per input kind the client must read as ``vtfm predict`` does."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def noise(*shape: int) -> np.ndarray:
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+
+    pal = Image.fromarray(noise(33, 47, 3)).quantize(colors=37)
+    kinds = {
+        "gray.png": Image.fromarray(noise(50, 37), "L"),
+        "rgb.jpg": Image.fromarray(noise(45, 80, 3)),
+        "16bit.png": Image.fromarray(rng.integers(0, 65536, (40, 30)).astype(np.uint16)),
+        "palette.png": pal,
+        "rgba.png": Image.fromarray(noise(41, 41, 4), "RGBA"),
+        "upscaled.png": Image.fromarray(noise(7, 10, 3)),
+        # 32 / 64 * 97 = 48.5: the long side rounds half to even (48), not up
+        "nonsquare.png": Image.fromarray(noise(64, 97, 3)),
+    }
+    folder.mkdir()
+    for name, im in kinds.items():
+        im.save(folder / name)
+    assert Image.open(folder / "16bit.png").mode.startswith("I")
+    return [folder / n for n in kinds]
+
+
+@pytest.mark.parametrize("in_chans", [1, 3])
+def test_onnx_client_matches_vtfm_predict_on_every_input_kind(
+    tmp_path: Path, capsys, in_chans: int
+) -> None:
+    """examples/onnx_client.py (onnxruntime, numpy, Pillow) follows model.json alone."""
+    from vision_tfm.data import build_eval_transform, load_image
+    from vision_tfm.train.checkpoint import load_checkpoint
+    from vision_tfm.train.classification import eval_data_config, restore_cls_model
+
+    ckpt = cls_checkpoint(tmp_path, "vit_mnist", in_chans=in_chans, crop_pct=0.875)
+    vtfm("export", "--checkpoint", ckpt)
+    images = client_images(tmp_path / "images")
+    client = Path(__file__).resolve().parents[2] / "examples" / "onnx_client.py"
+    cmd = [sys.executable, str(client), str(tmp_path / "model.onnx"), *map(str, images)]
+    done = subprocess.run([*cmd, "--probs"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probs = [np.asarray(json.loads(line)) for line in done.stdout.splitlines()]
+    # what vtfm predict computes, unrounded
+    saved = load_checkpoint(ckpt)
+    model, cfg = restore_cls_model(saved)
+    transform = build_eval_transform(eval_data_config(cfg, saved["meta"]))
+    capsys.readouterr()
+    for path, prob in zip(images, probs, strict=True):
+        x = transform(load_image(path, in_chans))[None]
+        with torch.no_grad():
+            ref = model(x).float().softmax(-1)[0].double().numpy()
+        assert np.abs(prob - ref).max() <= 1e-5, path.name
+        vtfm("predict", path, "--checkpoint", ckpt, "--topk", "3")
+        top = np.argsort(-prob)[:3]
+        lines = [f"{i:>20d}  {prob[i]:.4f}" for i in top]
+        assert capsys.readouterr().out.splitlines() == lines, path.name

@@ -177,7 +177,7 @@ class ExportSource:
         info: dict[str, Any] = {
             "model_name": self.model_name,
             "task": self.task,
-            "checkpoint": os.path.abspath(self.path),
+            "checkpoint": self.path.name,  # the name only: a path would leak the machine
             "config_hash": config_hash(self.cfg),
             "input_name": INPUT_NAME,
             "in_chans": self.in_chans,
@@ -205,17 +205,9 @@ class ExportSource:
         """The val pipeline step by step, so a runtime without vision_tfm can reproduce it
         (with another resize filter, 1.3% of an ONNX-only Swin-MNIST's predictions changed)."""
         if self.task == "cls":
-            d, size = self.cfg.data, self.img_size[0]
-            return {
-                "channels": "gray: ITU-R 601 luma of RGB"
-                if self.in_chans == 1
-                else "RGB (gray repeated); alpha dropped",
-                "resize_short_side": int(size / d.crop_pct),
-                "interpolation": "bicubic (OpenCV INTER_CUBIC)",
-                "center_crop": [size, size],
-                "normalize": "(pixel / 255 - mean) / std per channel",
-                "layout": "NCHW float32",
-            }
+            m = self.meta
+            d = self.cfg.data
+            return cls_preprocess(self.img_size[0], d.crop_pct, self.in_chans, m["mean"], m["std"])
         from ..data.grasp import DEPTH_CLIP
 
         d = self.cfg.data
@@ -233,6 +225,59 @@ class ExportSource:
             f"mean, clipped to +-{DEPTH_CLIP}",
             "layout": "NCHW float32",
         }
+
+
+CLS_CONTRACT = "vision_tfm.cls.preprocess/1"  # bump when a step below changes
+
+
+def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std: Any) -> dict:
+    """``vtfm predict``'s preprocessing as an exact contract: every library, dtype and rounding.
+
+    ``examples/onnx_client.py`` follows it with Pillow and numpy alone and must agree with
+    ``vtfm predict`` to 1e-5 in probability (tests/export/test_onnx_client.py).
+    """
+    short = int(img_size / crop_pct)
+    mode = "L" if in_chans == 1 else "RGB"
+    return {
+        "contract": CLS_CONTRACT,
+        "decode": "Pillow Image.open, no EXIF rotation. 16-bit (modes I;16*, or mode I with a "
+        "pixel above 255): v -> (v + 128) // 257 as uint8 mode L; mode I with every pixel "
+        "<= 255: v as uint8 mode L; mode F is refused",
+        "channels": {
+            "mode": mode,
+            "rule": f"Pillow Image.convert('{mode}'): "
+            + (
+                "ITU-R 601 luma in Pillow's integer arithmetic, uint8"
+                if in_chans == 1
+                else "gray repeated, palette expanded, alpha dropped (not composited)"
+            ),
+        },
+        "resize": {
+            "short_side": short,
+            "long_side": f"max(1, round(long * ({short} / short))): float64, round half to even",
+            "skip": "when the size is unchanged",
+            "filter": "bicubic on uint8 HWC, Keys kernel a = -0.75 (OpenCV's INTER_CUBIC); per "
+            "axis, output d samples src = float32((d + 0.5) * (1 / (out / in)) - 0.5) (the "
+            "quotients in float64); taps floor(src) - 1 .. floor(src) + 2, clamped to the "
+            "edge; the 4 weights of t = src - floor(src) in float32 (OpenCV's interpolateCubic "
+            "formulas, the last = 1 - the other three), times 2048, rounded half to even to int",
+            "arithmetic": "int64: along W first (sum of pixel x weight), then along H; then "
+            "(v + 2**21) >> 22, clipped to 0..255, uint8",
+            "reference": "vision_tfm.data.transforms.resize_bicubic",
+        },
+        "center_crop": {
+            "size": [img_size, img_size],
+            "offset": "top = (H - size) // 2, left = (W - size) // 2 (floored)",
+        },
+        "normalize": {
+            "mean": list(mean),
+            "std": list(std),
+            "formula": "per channel, every operation in float32: "
+            "(v - mean * 255) * (1 / (std * 255))",
+        },
+        "layout": f"NCHW float32 ({mode} channel order), batch axis first",
+        "output": "logits; softmax over the last axis gives vtfm predict's probabilities",
+    }
 
 
 def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
