@@ -316,7 +316,7 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert e.value.code == 1 and err.strip().endswith(
         "not ok: onnx-int8-static (see the status column)"
     )
-    assert "| format | status | size MB | top1 |" in out
+    assert "| format | status | size MB | peak RSS MB | top1 |" in out
     rows = list(csv.DictReader((tmp_path / "b" / "benchmark.csv").open()))
     assert tuple(rows[0]) == COLUMNS and [r["format"] for r in rows] == formats.split(",")
     status = {r["format"]: r["status"] for r in rows}
@@ -329,6 +329,10 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
         assert float(r["latency_median_ms"]) <= float(r["latency_p90_ms"])
         assert float(r["throughput_img_s"]) > 0 and float(r["size_mb"]) > 0
         assert r["threads"] == "1" and float(r["gflops"]) > 0
+    # each format's peak in its own process: onnxruntime's never holds torch (~10x more)
+    rss = {r["format"]: float(r["peak_rss_mb"]) for r in rows[:4]}
+    assert 0 < 2 * max(rss["onnx"], rss["onnx-int8-dynamic"]) < min(rss["torch"], rss["torch-bf16"])
+    assert rows[4]["peak_rss_mb"] == ""  # the failed format ran nowhere
     assert float(rows[2]["max_abs_diff"]) <= 1e-4  # fp32 onnx vs PyTorch
     result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
     assert result["val_images"] == 64 and result["metric_name"] == "top1"
@@ -622,3 +626,48 @@ def test_onnx_client_matches_vtfm_predict_on_every_input_kind(
         top = np.argsort(-prob)[:3]
         lines = [f"{i:>20d}  {prob[i]:.4f}" for i in top]
         assert capsys.readouterr().out.splitlines() == lines, path.name
+
+
+def test_benchmark_of_a_registered_model_without_checkpoint(tmp_path: Path, capsys) -> None:
+    """--model: speed and agreement rows on real images, and plainly no accuracy column."""
+    from PIL import Image
+
+    (tmp_path / "imgs").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (40, 52 + i, 3), dtype=np.uint8)).save(
+            tmp_path / "imgs" / f"{i}.png"
+        )
+    common = ("benchmark", "--model", "vit_test", "--img-size", "32", "--threads", "1")
+    args = (*common, "--quick", "--no-memory", "--data", tmp_path / "imgs")
+    vtfm(*args, "--formats", "torch,onnx,onnx-int8-dynamic", "--out", tmp_path / "b")
+    out = capsys.readouterr().out
+    assert out.startswith("| format | status | size MB | peak RSS MB | top-1 agree |")
+    assert "no accuracy column" in out and "random" in out
+    result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
+    assert result["checkpoint"] is None and result["img_size"] == [32, 32]
+    assert result["val_images"] == 5 and result["metric_name"] is None
+    rows = {r["format"]: r for r in result["rows"]}
+    assert all(r["status"] == "ok" and r["metric"] is None for r in rows.values())
+    assert rows["onnx"]["max_abs_diff"] <= 1e-4 and rows["onnx"]["top1_agreement"] == 1.0
+    assert rows["onnx-int8-dynamic"]["max_abs_diff"] > 0 and rows["torch"]["latency_median_ms"] > 0
+    assert "--data" in fail(capsys, *common, "--out", tmp_path / "c")
+    assert "--model" in fail(capsys, "benchmark", "--checkpoint", "x.pt", "--img-size", "32")
+    err = fail(capsys, *args, "--model", "grasp_hybrid_t", "--out", tmp_path / "d")
+    assert "grasp" in err
+
+
+def test_model_source_converts_timm_weights(tmp_path: Path) -> None:
+    import timm
+
+    from vision_tfm.export.source import model_source
+
+    torch.manual_seed(1)
+    ref = timm.create_model(
+        "vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2
+    ).eval()
+    torch.save(ref.state_dict(), tmp_path / "timm.pth")
+    src = model_source("vit_test", 32, tmp_path, tmp_path / "timm.pth")
+    x = torch.randn(2, 3, 32, 32)
+    assert (src.torch_runner()(x)[0] - ref(x)).abs().max().item() <= 1e-5
+    assert src.describe()["checkpoint"] == "timm.pth" and src.meta["weights"] == "timm.pth"

@@ -23,7 +23,17 @@ from ..models import get_model_entry
 from ..train.checkpoint import load_checkpoint
 from ..train.config import config_hash
 
-__all__ = ["INPUT_NAME", "Evaluation", "ExportSource", "Runner", "load_source", "max_abs_diff"]
+__all__ = [
+    "INPUT_NAME",
+    "Evaluation",
+    "ExportSource",
+    "ImageList",
+    "Runner",
+    "list_images",
+    "load_source",
+    "max_abs_diff",
+    "model_source",
+]
 
 INPUT_NAME = "image"
 TASKS = ("cls", "grasp")
@@ -34,9 +44,10 @@ Runner = Callable[[torch.Tensor], Sequence[torch.Tensor]]
 
 @dataclass
 class Evaluation:
-    """One runner's outputs over the val batches, and the task metric they score."""
+    """One runner's outputs over the val batches, and the task metric they score (None on
+    unlabelled images)."""
 
-    metric: float
+    metric: float | None
     outputs: list[torch.Tensor]  # one per output name, concatenated over the batches
 
     def top1_agreement(self, ref: Evaluation) -> float | None:
@@ -89,7 +100,7 @@ class ExportSource:
         return list(MAP_KEYS) if self.task == "grasp" else ["logits"]
 
     @property
-    def metric_name(self) -> str:
+    def metric_name(self) -> str | None:
         return "grasp_acc" if self.task == "grasp" else "top1"
 
     def outputs_of(self, out: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -151,7 +162,9 @@ class ExportSource:
             x = batch[0]
             out = [t.float() for t in runner(x)]
             outs.append(out)
-            if self.task == "grasp":
+            if self.metric_name is None:
+                pass
+            elif self.task == "grasp":
                 maps = dict(zip(MAP_KEYS, out))
                 hits += sum(batch_grasp_correct(maps, batch[2], top_n=1, **self._decode_kw()))
             else:
@@ -159,7 +172,8 @@ class ExportSource:
             n += len(x)
         if n == 0:
             raise ValueError(f"{self.path}: the validation split is empty")
-        return Evaluation(hits / n, [torch.cat(col) for col in zip(*outs)])
+        metric = None if self.metric_name is None else hits / n
+        return Evaluation(metric, [torch.cat(col) for col in zip(*outs)])
 
     def _decode_kw(self) -> dict[str, Any]:
         return {
@@ -225,6 +239,129 @@ class ExportSource:
             f"mean, clipped to +-{DEPTH_CLIP}",
             "layout": "NCHW float32",
         }
+
+
+class ImageList(Dataset):
+    """Image files or uint8 arrays through a transform, each labelled -1 (no label)."""
+
+    def __init__(self, items: Sequence[Any], in_chans: int, transform: Callable) -> None:
+        self.items, self.in_chans, self.transform = items, in_chans, transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from ..data import load_image
+
+        item = self.items[i]
+        img = load_image(item, 1 if self.in_chans == 1 else 3) if isinstance(item, Path) else item
+        return self.transform(img), -1
+
+
+def list_images(root: Path, what: str = "images") -> Sequence[Any]:
+    """Images (uint8 arrays) or image paths found at ``root``, in a fixed order: MNIST idx,
+    CIFAR-10 batches, an ImageFolder root's train split, or every image file below it.
+
+    Raises:
+        ValueError: There are none.
+    """
+    from ..data import load_cifar10, read_idx, scan_image_folder
+    from ..data.datasets import IMAGE_EXTENSIONS, find_cifar10_dir
+    from ..data.mnist import IDX_IMAGES_MAGIC
+
+    if root.is_file():
+        if "idx3-ubyte" in root.name:
+            return read_idx(root, IDX_IMAGES_MAGIC)
+        return [root]
+    idx = sorted(root.glob("*idx3-ubyte*"))
+    if idx:
+        return read_idx(idx[0], IDX_IMAGES_MAGIC)  # (N, H, W) uint8
+    if find_cifar10_dir(root) is not None:
+        return load_cifar10(root)[0]  # the training batches
+    if (root / "train").is_dir():
+        return [p for p, _ in scan_image_folder(root)[0]]
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        raise ValueError(
+            f"{root}: no {what} (expected image files, an ImageFolder root, CIFAR-10 batches "
+            "or MNIST idx files)"
+        )
+    return files
+
+
+@dataclass
+class ModelSource(ExportSource):
+    """A registered classifier without a training run: random (seeded) or converted weights,
+    scored on unlabelled images, so only agreement with fp32 PyTorch can be measured."""
+
+    images: Path = Path()
+
+    @property
+    def metric_name(self) -> str | None:
+        return None
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The image folder, twice: it is both the calibration and the agreement set."""
+        if self._data is None:
+            from ..data import build_eval_transform
+            from ..train.classification import eval_data_config
+
+            transform = build_eval_transform(eval_data_config(self.cfg, self.meta))
+            ds = ImageList(list_images(self.images), self.in_chans, transform)
+            self._data = (ds, ds)
+        return self._data
+
+
+def model_source(
+    name: str, img_size: int, images: str | os.PathLike, weights: str | os.PathLike | None = None
+) -> ModelSource:
+    """A registered classifier at ``img_size`` for speed and agreement rows (no accuracy).
+
+    Args:
+        name: A registered classifier (not a grasp model).
+        img_size: Input side; ViT's position table and Swin's windows are built for it.
+        images: Real images the formats are compared on (and static int8 calibrated on),
+            preprocessed as ``vtfm predict`` would with ImageNet statistics.
+        weights: timm / torchvision / official checkpoint to convert; default: seeded random.
+
+    Raises:
+        ValueError, FileNotFoundError: An unknown or grasp model, missing images or weights.
+    """
+    from ..config import apply_overrides
+    from ..data.config import IMAGENET_MEAN, IMAGENET_STD
+    from ..models.convert import load_pretrained
+    from ..train.classification import ClsConfig, build_cls_model
+    from ..train.config import grasp_models
+
+    entry = get_model_entry(name)
+    if name in grasp_models():
+        raise ValueError(f"--model {name} is a grasp model; benchmark it from its checkpoint")
+    images = Path(images)
+    if not images.exists():
+        raise FileNotFoundError(f"--data: {images} does not exist")
+    if weights is not None and not Path(weights).is_file():
+        raise FileNotFoundError(f"--weights: {weights} not found")
+    over = {"model.name": name, "data.name": "imagefolder", "data.root": str(images)}
+    cfg = apply_overrides(ClsConfig(), {**over, "data.img_size": img_size})
+    in_chans = entry.cfg.in_chans
+    torch.manual_seed(0)
+    model = build_cls_model(cfg.model, entry.cfg.num_classes, in_chans, img_size)
+    if weights is not None:
+        load_pretrained(model, weights)
+    gray = in_chans == 1
+    meta = {
+        "task": "cls",
+        "model_name": name,
+        "in_chans": in_chans,
+        "img_size": img_size,
+        "num_classes": entry.cfg.num_classes,
+        "class_names": [str(i) for i in range(entry.cfg.num_classes)],
+        "mean": [0.5] if gray else list(IMAGENET_MEAN),
+        "std": [0.5] if gray else list(IMAGENET_STD),
+        "weights": Path(weights).name if weights else "random (torch.manual_seed(0))",
+    }
+    path = Path(weights) if weights else Path(f"{name}-random-init")
+    return ModelSource(path, model.eval(), cfg, meta, images=images)
 
 
 CLS_CONTRACT = "vision_tfm.cls.preprocess/1"  # bump when a step below changes
