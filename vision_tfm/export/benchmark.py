@@ -448,6 +448,9 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"column, the {result['val_images']} images ({result['images']}) carry no labels; "
             "agreement and max abs diff (logits) are against fp32 PyTorch on them"
         )
+        static = any(r["format"] == "onnx-int8-static" for r in result["rows"])
+        if static and not s["calib_data"]:
+            what += " (and static int8 is calibrated on them: pass --calib-data to keep apart)"
     lines += [
         "",
         f"{what}; {result['machine']}; {result['threads']} threads.",
