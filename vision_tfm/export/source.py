@@ -396,8 +396,10 @@ def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std
             "filter": "bicubic on uint8 HWC, Keys kernel a = -0.75 (OpenCV's INTER_CUBIC); per "
             "axis, output d samples src = float32((d + 0.5) * (1 / (out / in)) - 0.5) (the "
             "quotients in float64); taps floor(src) - 1 .. floor(src) + 2, clamped to the "
-            "edge; the 4 weights of t = src - floor(src) in float32 (OpenCV's interpolateCubic "
-            "formulas, the last = 1 - the other three), times 2048, rounded half to even to int",
+            "edge; with t = src - floor(src), u = 1 - t and a = -0.75, evaluated left to right "
+            "in float32: w0 = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a, "
+            "w1 = ((a + 2) * t - (a + 3)) * t * t + 1, w2 = ((a + 2) * u - (a + 3)) * u * u + 1, "
+            "w3 = 1 - w0 - w1 - w2; each times 2048, rounded half to even to an integer",
             "arithmetic": "int64: along W first (sum of pixel x weight), then along H; then "
             "(v + 2**21) >> 22, clipped to 0..255, uint8",
             "reference": "vision_tfm.data.transforms.resize_bicubic",
