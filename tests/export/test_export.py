@@ -649,6 +649,8 @@ def test_benchmark_of_a_registered_model_without_checkpoint(tmp_path: Path, caps
     result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
     assert result["checkpoint"] is None and result["img_size"] == [32, 32]
     assert result["val_images"] == 5 and result["metric_name"] is None
+    assert f"top-1 takes {result['fp32_top1_classes']} distinct classes" in out
+    assert 1 <= result["fp32_top1_classes"] <= 5
     rows = {r["format"]: r for r in result["rows"]}
     assert all(r["status"] == "ok" and r["metric"] is None for r in rows.values())
     assert rows["onnx"]["max_abs_diff"] <= 1e-4 and rows["onnx"]["top1_agreement"] == 1.0

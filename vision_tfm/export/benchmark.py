@@ -373,6 +373,10 @@ def benchmark_checkpoint(
         "model_name": source.model_name,
         "metric_name": source.metric_name,
         "val_images": len(ref.outputs[0]),
+        # 1 would make top-1 agreement trivially high (random weights often collapse to one)
+        "fp32_top1_classes": (
+            len(ref.outputs[0].argmax(1).unique()) if ref.outputs[0].ndim == 2 else None
+        ),
         "threads": opts.threads,
         "batch": opts.batch,
         "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
@@ -446,7 +450,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         what = (
             f"{result['model_name']} at {size}, {result['weights']} weights: no accuracy "
             f"column, the {result['val_images']} images ({result['images']}) carry no labels; "
-            "agreement and max abs diff (logits) are against fp32 PyTorch on them"
+            "agreement and max abs diff (logits) are against fp32 PyTorch on them, where its "
+            f"top-1 takes {result['fp32_top1_classes']} distinct classes"
         )
         static = any(r["format"] == "onnx-int8-static" for r in result["rows"])
         if static and not s["calib_data"]:
