@@ -420,7 +420,7 @@ _FORMATS = {
     "max_abs_diff": "{:.1e}",
     "latency_median_ms": "{:.2f}",
     "latency_p90_ms": "{:.2f}",
-    "throughput_img_s": "{:.0f}",
+    "throughput_img_s": "{:.1f}",
     "gflops": "{:.3g}",
     "pct_of_ceiling": "{:.1f}",
 }
