@@ -175,12 +175,19 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
         "ema": args.ema,
         "atol": args.atol,
         "data": args.data,
+        "memory": args.memory,
+        "model": args.model,
+        "img_size": args.img_size,
+        "weights": args.weights,
     }
     given = {k: v for k, v in given.items() if v is not None}
     opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
     opts.validate()  # bad flags and a missing checkpoint first, then the outputs
-    check_checkpoint_path(args.checkpoint)
-    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "benchmark"
+    if args.model is None:
+        check_checkpoint_path(args.checkpoint)
+        out = Path(args.out) if args.out else Path(args.checkpoint).parent / "benchmark"
+    else:
+        out = Path(args.out) if args.out else Path(f"benchmark-{args.model}")
     refuse_existing([out / n for n in TABLE_FILES], args.overwrite)
     keep = Path(args.keep_exports) if args.keep_exports else None
     if keep is not None and keep.exists() and any(keep.iterdir()) and not args.overwrite:
@@ -281,7 +288,21 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm = sub.add_parser("benchmark", help="latency/accuracy table over export formats")
-    bm.add_argument("--checkpoint", required=True)
+    src = bm.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint")
+    src.add_argument(
+        "--model",
+        help="a registered classifier instead (needs --data, a folder of real images): "
+        "speed, memory and agreement with fp32, no accuracy",
+    )
+    bm.add_argument("--img-size", type=int, help="with --model: input side (default: its own)")
+    bm.add_argument("--weights", help="with --model: timm/torchvision weights (default: random)")
+    bm.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="peak RSS per format, one child process each (default: on)",
+    )
     bm.add_argument(
         "--formats",
         default="torch,torch-bf16,onnx,onnx-int8-dynamic,onnx-int8-static",

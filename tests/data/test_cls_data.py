@@ -406,3 +406,22 @@ def test_infer_dataset_kind_errors(tmp_path: Path) -> None:
     (tmp_path / "train").mkdir()
     with pytest.raises(ValueError, match=r"has train/ but no val/"):
         infer_dataset_kind(tmp_path)
+
+
+def test_exact_bicubic_resize_is_opencvs_kernel_in_integers() -> None:
+    """The eval resize is stated exactly in model.json; it stays OpenCV's INTER_CUBIC up to
+    the one level its float32 SIMD rounding moves, keeps flat images flat, and rounds the
+    long side half to even."""
+    import cv2
+
+    from vision_tfm.data.transforms import resize_bicubic, resize_short_side
+
+    rng = np.random.default_rng(0)
+    for h, w, oh, ow, c in [(37, 50, 64, 23, 3), (9, 7, 32, 40, 1), (120, 90, 33, 33, 3)]:
+        img = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        ref = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_CUBIC).reshape(oh, ow, c)
+        diff = np.abs(resize_bicubic(img, oh, ow).astype(int) - ref)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.1
+    flat = np.full((13, 17, 3), 200, np.uint8)
+    assert (resize_bicubic(flat, 40, 9) == 200).all()
+    assert resize_short_side(np.zeros((64, 97, 1), np.uint8), 32).shape == (32, 48, 1)

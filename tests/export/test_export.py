@@ -10,12 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from vision_tfm.cli import main
 from vision_tfm.config import apply_overrides, config_to_dict
-from vision_tfm.data.config import MNIST_MEAN, MNIST_STD
+from vision_tfm.data.config import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from vision_tfm.train import ClsConfig, atomic_save, build_cls_model
 from vision_tfm.train.grasp import GraspConfig, build_grasp_model
 
@@ -39,20 +40,29 @@ TINY = {
 }
 
 
-def cls_checkpoint(path: Path, name: str, model_name: str | None = None) -> Path:
-    """An untrained tiny classifier saved as a training checkpoint (parity needs no training)."""
-    cfg = apply_overrides(ClsConfig(), {"model.name": name, "model.kwargs": TINY[name]})
+def cls_checkpoint(
+    path: Path,
+    name: str,
+    model_name: str | None = None,
+    in_chans: int = 1,
+    crop_pct: float = 1.0,
+) -> Path:
+    """An untrained tiny 28x28 classifier saved as a training checkpoint (parity needs no
+    training); gray with MNIST statistics, or RGB with ImageNet's."""
+    over = {"model.name": name, "model.kwargs": TINY[name], "data.crop_pct": crop_pct}
+    cfg = apply_overrides(ClsConfig(), over)
     torch.manual_seed(0)
-    model = build_cls_model(cfg.model, 10, 1, 28)
+    model = build_cls_model(cfg.model, 10, in_chans, 28)
+    mean, std = (MNIST_MEAN, MNIST_STD) if in_chans == 1 else (IMAGENET_MEAN, IMAGENET_STD)
     meta = {
         "task": "cls",
         "model_name": model_name or name,
         "num_classes": 10,
-        "in_chans": 1,
+        "in_chans": in_chans,
         "img_size": 28,
         "class_names": [str(i) for i in range(10)],
-        "mean": list(MNIST_MEAN),
-        "std": list(MNIST_STD),
+        "mean": list(mean),
+        "std": list(std),
     }
     ckpt = path / f"{name}.pt"
     atomic_save({"model": model.state_dict(), "config": config_to_dict(cfg), "meta": meta}, ckpt)
@@ -236,8 +246,9 @@ def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
     assert meta["img_size"] == [28, 42] and meta["input_shape"] == [1, 1, 28, 42]
     assert meta["train_img_size"] == [28, 28]
     pre = meta["preprocess"]
-    assert pre["resize_short_side"] == 28 and pre["center_crop"] == [28, 28]
-    assert "INTER_CUBIC" in pre["interpolation"] and pre["channels"].startswith("gray")
+    assert pre["resize"]["short_side"] == 28 and pre["center_crop"]["size"] == [28, 28]
+    assert "INTER_CUBIC" in pre["resize"]["filter"] and pre["channels"]["mode"] == "L"
+    assert meta["checkpoint"] == "vit_mnist.pt"  # a name: a path would leak the machine
     assert (tmp_path / "model-int8-dynamic.onnx").is_file()
     capsys.readouterr()
     vtfm(*common[:4], "batch", "--overwrite")  # the fp32 model changes; its int8 would lie
@@ -305,7 +316,7 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert e.value.code == 1 and err.strip().endswith(
         "not ok: onnx-int8-static (see the status column)"
     )
-    assert "| format | status | size MB | top1 |" in out
+    assert "| format | status | size MB | peak RSS MB | top1 |" in out
     rows = list(csv.DictReader((tmp_path / "b" / "benchmark.csv").open()))
     assert tuple(rows[0]) == COLUMNS and [r["format"] for r in rows] == formats.split(",")
     status = {r["format"]: r["status"] for r in rows}
@@ -318,6 +329,10 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
         assert float(r["latency_median_ms"]) <= float(r["latency_p90_ms"])
         assert float(r["throughput_img_s"]) > 0 and float(r["size_mb"]) > 0
         assert r["threads"] == "1" and float(r["gflops"]) > 0
+    # each format's peak in its own process: onnxruntime's never holds torch (~10x more)
+    rss = {r["format"]: float(r["peak_rss_mb"]) for r in rows[:4]}
+    assert 0 < 2 * max(rss["onnx"], rss["onnx-int8-dynamic"]) < min(rss["torch"], rss["torch-bf16"])
+    assert rows[4]["peak_rss_mb"] == ""  # the failed format ran nowhere
     assert float(rows[2]["max_abs_diff"]) <= 1e-4  # fp32 onnx vs PyTorch
     result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
     assert result["val_images"] == 64 and result["metric_name"] == "top1"
@@ -355,9 +370,11 @@ def test_openvino_rows_meet_fp32_parity_and_report_their_precision(
     assert bf16["status"].startswith("ok") and bf16["top1_agreement"] >= 0.9
     assert 1e-4 < bf16["max_abs_diff"] < 0.5 or "runs fp32" in bf16["status"]
     for r in (ov, bf16):
-        assert r["latency_median_ms"] > 0 and r["throughput_img_s"] > 0
+        assert r["latency_median_ms"] > 0 and r["throughput_img_s"] > 0 and r["peak_rss_mb"] > 0
     assert result["versions"]["openvino"] and "bf16" in result["ceiling_gflops"]
-    strict = openvino_benchmark(ckpt, tmp_path / "s", "openvino", "--atol", "1e-9", rc=1)
+    strict = openvino_benchmark(
+        ckpt, tmp_path / "s", "openvino", "--atol", "1e-9", "--no-memory", rc=1
+    )
     (row,) = strict["rows"]
     assert row["status"].startswith("exported but parity failed: max abs diff")
     assert "> 1e-09 on the val images" in row["status"] and row["latency_median_ms"] > 0
@@ -369,7 +386,7 @@ def test_openvino_missing_is_a_failed_row_with_the_install_hint(
     from vision_tfm.export import BenchOptions, benchmark_checkpoint
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # import raises ImportError
-    opts = BenchOptions.quick(formats=("torch", "openvino"), threads=1)
+    opts = BenchOptions.quick(formats=("torch", "openvino"), threads=1, memory=False)
     result = benchmark_checkpoint(vit_export / "vit_mnist.pt", opts, log=lambda _: None)
     torch_row, ov = result["rows"]
     assert torch_row["status"] == "ok" and torch_row["latency_median_ms"] > 0
@@ -516,6 +533,19 @@ def test_flops_follow_the_two_per_multiply_add_convention() -> None:
     assert calls[:6] == ["a"] * 3 + ["b"] * 3 and calls[6:10] == ["a", "a", "b", "b"]
 
 
+@pytest.mark.parametrize(
+    ("name", "gmacs"),
+    [("vit_small_patch16_224", 4.6), ("swin_tiny_patch4_window7_224", 4.5)],  # DeiT / Swin papers
+)
+def test_flops_count_cpu_attention_and_match_the_papers(name: str, gmacs: float) -> None:
+    """On CPU, SDPA runs a kernel torch's counter had no formula for: attention went uncounted."""
+    from vision_tfm import create_model
+    from vision_tfm.export import count_flops
+
+    model = create_model(name).eval()
+    assert count_flops(model, torch.zeros(1, 3, 224, 224)) / 2e9 == pytest.approx(gmacs, rel=0.02)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate: str) -> None:
     """At opset 18 (no Gelu op) GELU is written out so that onnxruntime fuses it to one node."""
@@ -538,3 +568,110 @@ def test_gelu_exports_in_the_form_onnxruntime_fuses(tmp_path: Path, approximate:
     assert not {"Erf", "Tanh"} & set(ops), ops
     assert {"Gelu", "BiasGelu", "FastGelu"} & set(ops), ops
     torch.testing.assert_close(ort_runner(sess)(x)[0], model(x), atol=1e-5, rtol=1e-5)
+
+
+def client_images(folder: Path) -> list[Path]:
+    """One file per input kind the client must read as ``vtfm predict`` does."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def noise(*shape: int) -> np.ndarray:
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+
+    pal = Image.fromarray(noise(33, 47, 3)).quantize(colors=37)
+    kinds = {
+        "gray.png": Image.fromarray(noise(50, 37), "L"),
+        "rgb.jpg": Image.fromarray(noise(45, 80, 3)),
+        "16bit.png": Image.fromarray(rng.integers(0, 65536, (40, 30)).astype(np.uint16)),
+        "palette.png": pal,
+        "rgba.png": Image.fromarray(noise(41, 41, 4), "RGBA"),
+        "upscaled.png": Image.fromarray(noise(7, 10, 3)),
+        # 32 / 64 * 97 = 48.5: the long side rounds half to even (48), not up
+        "nonsquare.png": Image.fromarray(noise(64, 97, 3)),
+    }
+    folder.mkdir()
+    for name, im in kinds.items():
+        im.save(folder / name)
+    assert Image.open(folder / "16bit.png").mode.startswith("I")
+    return [folder / n for n in kinds]
+
+
+@pytest.mark.parametrize("in_chans", [1, 3])
+def test_onnx_client_matches_vtfm_predict_on_every_input_kind(
+    tmp_path: Path, capsys, in_chans: int
+) -> None:
+    """examples/onnx_client.py (onnxruntime, numpy, Pillow) follows model.json alone."""
+    from vision_tfm.data import build_eval_transform, load_image
+    from vision_tfm.train.checkpoint import load_checkpoint
+    from vision_tfm.train.classification import eval_data_config, restore_cls_model
+
+    ckpt = cls_checkpoint(tmp_path, "vit_mnist", in_chans=in_chans, crop_pct=0.875)
+    vtfm("export", "--checkpoint", ckpt)
+    images = client_images(tmp_path / "images")
+    client = Path(__file__).resolve().parents[2] / "examples" / "onnx_client.py"
+    cmd = [sys.executable, str(client), str(tmp_path / "model.onnx"), *map(str, images)]
+    done = subprocess.run([*cmd, "--probs"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probs = [np.asarray(json.loads(line)) for line in done.stdout.splitlines()]
+    # what vtfm predict computes, unrounded
+    saved = load_checkpoint(ckpt)
+    model, cfg = restore_cls_model(saved)
+    transform = build_eval_transform(eval_data_config(cfg, saved["meta"]))
+    capsys.readouterr()
+    for path, prob in zip(images, probs, strict=True):
+        x = transform(load_image(path, in_chans))[None]
+        with torch.no_grad():
+            ref = model(x).float().softmax(-1)[0].double().numpy()
+        assert np.abs(prob - ref).max() <= 1e-5, path.name
+        vtfm("predict", path, "--checkpoint", ckpt, "--topk", "3")
+        top = np.argsort(-prob)[:3]
+        lines = [f"{i:>20d}  {prob[i]:.4f}" for i in top]
+        assert capsys.readouterr().out.splitlines() == lines, path.name
+
+
+def test_benchmark_of_a_registered_model_without_checkpoint(tmp_path: Path, capsys) -> None:
+    """--model: speed and agreement rows on real images, and plainly no accuracy column."""
+    from PIL import Image
+
+    (tmp_path / "imgs").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (40, 52 + i, 3), dtype=np.uint8)).save(
+            tmp_path / "imgs" / f"{i}.png"
+        )
+    common = ("benchmark", "--model", "vit_test", "--img-size", "32", "--threads", "1")
+    args = (*common, "--quick", "--no-memory", "--data", tmp_path / "imgs")
+    vtfm(*args, "--formats", "torch,onnx,onnx-int8-dynamic", "--out", tmp_path / "b")
+    out = capsys.readouterr().out
+    assert out.startswith("| format | status | size MB | peak RSS MB | top-1 agree |")
+    assert "no accuracy column" in out and "random" in out
+    result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
+    assert result["checkpoint"] is None and result["img_size"] == [32, 32]
+    assert result["val_images"] == 5 and result["metric_name"] is None
+    assert f"top-1 takes {result['fp32_top1_classes']} distinct classes" in out
+    assert 1 <= result["fp32_top1_classes"] <= 5
+    rows = {r["format"]: r for r in result["rows"]}
+    assert all(r["status"] == "ok" and r["metric"] is None for r in rows.values())
+    assert rows["onnx"]["max_abs_diff"] <= 1e-4 and rows["onnx"]["top1_agreement"] == 1.0
+    assert rows["onnx-int8-dynamic"]["max_abs_diff"] > 0 and rows["torch"]["latency_median_ms"] > 0
+    assert "--data" in fail(capsys, *common, "--out", tmp_path / "c")
+    assert "--model" in fail(capsys, "benchmark", "--checkpoint", "x.pt", "--img-size", "32")
+    err = fail(capsys, *args, "--model", "grasp_hybrid_t", "--out", tmp_path / "d")
+    assert "grasp" in err
+
+
+def test_model_source_converts_timm_weights(tmp_path: Path) -> None:
+    import timm
+
+    from vision_tfm.export.source import model_source
+
+    torch.manual_seed(1)
+    ref = timm.create_model(
+        "vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2
+    ).eval()
+    torch.save(ref.state_dict(), tmp_path / "timm.pth")
+    src = model_source("vit_test", 32, tmp_path, tmp_path / "timm.pth")
+    x = torch.randn(2, 3, 32, 32)
+    assert (src.torch_runner()(x)[0] - ref(x)).abs().max().item() <= 1e-5
+    assert src.describe()["checkpoint"] == "timm.pth" and src.meta["weights"] == "timm.pth"

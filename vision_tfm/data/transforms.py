@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from functools import partial
 
 import albumentations as A
 import cv2
@@ -29,6 +30,53 @@ from .config import (
 
 # Bicubic, as timm uses for ViT/Swin preprocessing.
 _INTERP = cv2.INTER_CUBIC
+_COEF_BITS = 11  # fixed-point weights, as OpenCV's integer resize: 1.0 -> 2048
+
+
+def _cubic_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source indices ``(n_out, 4)`` (edge-replicated) and int weights ``(n_out, 4)``.
+
+    Half-pixel centres: output ``d`` samples the input at ``(d + 0.5) * n_in / n_out - 0.5``,
+    taken in float32 as OpenCV does; Keys' kernel with a = -0.75 (OpenCV's, not Pillow's -0.5).
+    """
+    f = ((np.arange(n_out) + 0.5) * (1.0 / (n_out / n_in)) - 0.5).astype(np.float32)
+    base = np.floor(f)
+    x = f - base
+    a, one = np.float32(-0.75), np.float32(1.0)
+    x1, y = x + one, one - x
+    c0 = ((a * x1 - np.float32(5) * a) * x1 + np.float32(8) * a) * x1 - np.float32(4) * a
+    c1 = ((a + np.float32(2)) * x - (a + np.float32(3))) * x * x + one
+    c2 = ((a + np.float32(2)) * y - (a + np.float32(3))) * y * y + one
+    c3 = one - c0 - c1 - c2
+    coef = np.stack([c0, c1, c2, c3], axis=1) * np.float32(1 << _COEF_BITS)
+    idx = base.astype(np.int64)[:, None] + np.arange(-1, 3)
+    return np.clip(idx, 0, n_in - 1), np.rint(coef).astype(np.int64)
+
+
+def resize_bicubic(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bicubic resize of an HWC uint8 image in integer arithmetic, exactly reproducible.
+
+    OpenCV's INTER_CUBIC as its scalar code states it (kernel, taps, 11-bit weights, rows
+    then columns, ``(v + 2**21) >> 22`` clipped to 0..255); its vectorised paths round in
+    float32 instead and, depending on the CPU, differ by one level on some pixels. A runtime
+    without OpenCV repeats this in a few lines of numpy (examples/onnx_client.py).
+    """
+    h, w, _ = img.shape
+    if (h, w) == (height, width):
+        return img
+    xi, xw = _cubic_taps(w, width)
+    yi, yw = _cubic_taps(h, height)
+    rows = np.einsum("hwkc,wk->hwc", img.astype(np.int64)[:, xi], xw)  # (h, width, C)
+    out = np.einsum("hkwc,hk->hwc", rows[yi], yw)  # (height, width, C)
+    return np.clip((out + (1 << (2 * _COEF_BITS - 1))) >> (2 * _COEF_BITS), 0, 255).astype(np.uint8)
+
+
+def resize_short_side(img: np.ndarray, size: int) -> np.ndarray:
+    """Short side to ``size``, the long one to ``round(long * size / short)`` (half to even,
+    as albumentations' SmallestMaxSize, which this replaces), bicubic."""
+    h, w, _ = img.shape
+    scale = size / min(h, w)
+    return resize_bicubic(img, max(1, round(h * scale)), max(1, round(w * scale)))
 
 
 def to_in_chans(img: np.ndarray | Image.Image, in_chans: int) -> np.ndarray:
@@ -101,10 +149,16 @@ class ClsTransform:
 
 def _resize_center_crop(cfg: DataConfig) -> list[A.BasicTransform]:
     # Short side to img_size / crop_pct, then the centre img_size square (timm's eval recipe).
+    # CenterCrop's offsets are floored: (H - img_size) // 2, (W - img_size) // 2.
+    short = partial(_resize_image, size=int(cfg.img_size / cfg.crop_pct))
     return [
-        A.SmallestMaxSize(max_size=int(cfg.img_size / cfg.crop_pct), interpolation=_INTERP),
+        A.Lambda(image=short, name="resize_short_side"),
         A.CenterCrop(height=cfg.img_size, width=cfg.img_size),
     ]
+
+
+def _resize_image(img: np.ndarray, size: int, **_: object) -> np.ndarray:
+    return resize_short_side(img, size)
 
 
 def _normalize_to_tensor(cfg: DataConfig) -> list[A.BasicTransform]:

@@ -6,6 +6,12 @@ calls each, the formats take turns in short rounds, so a noisy spell on a shared
 them all alike instead of whichever happened to be measured then. Rounds go on until every
 format has at least ``runs`` calls and ``seconds`` per format have passed. Batch-1 latency is
 reported as median and p90, throughput as images per second at the median batch time.
+Peak memory is measured apart from the timing, one fresh process per format
+(:mod:`.memory`).
+
+Without a checkpoint (``--model NAME``), any registered classifier gets speed, memory and
+agreement rows: random or converted weights, compared with fp32 PyTorch on a folder of real
+images. Those carry no labels, so there is no accuracy column.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from ..models import get_model_entry
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
+from .memory import CALLS, peak_rss_mb
 from .onnx import (
     ATTENTION_OPSET,
     DEFAULT_OPSET,
@@ -45,7 +53,7 @@ from .onnx import (
 )
 from .openvino import openvino_runner, openvino_version
 from .quantize import calibration_images, quantize_int8
-from .source import ExportSource, Runner, load_source, max_abs_diff
+from .source import ExportSource, Runner, load_source, max_abs_diff, model_source
 
 __all__ = ["FORMATS", "BenchOptions", "Row", "benchmark_checkpoint", "time_runs", "write_tables"]
 
@@ -88,7 +96,11 @@ class BenchOptions:
     ceiling_sizes: tuple[int, ...] = (512, 1024, 2048)  # square matmuls timed for the peak
     ceiling_seconds: float = 1.0  # time spent on each of them per dtype
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
-    data: str | None = None  # dataset folder replacing the checkpoint's data.root
+    data: str | None = None  # dataset folder replacing data.root; with model: the images
+    memory: bool = True  # peak RSS per format, one child process each
+    model: str | None = None  # a registered classifier instead of a checkpoint
+    img_size: int | None = None  # with model: the input side (default: its registered size)
+    weights: str | None = None  # with model: timm / torchvision / official weights to convert
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchOptions:
@@ -117,6 +129,13 @@ class BenchOptions:
             raise ValueError("--threads, --batch, --runs and --calib-size must be >= 1")
         if self.warmup < 0 or self.val_images < 0 or self.seconds < 0:
             raise ValueError("--warmup, --val-images and --seconds must be >= 0")
+        if self.model is None and (self.img_size or self.weights):
+            raise ValueError("--img-size and --weights go with --model (a checkpoint has both)")
+        if self.model is not None:
+            if self.data is None:
+                raise ValueError("--model needs --data: a folder of real images to compare on")
+            if self.img_size is not None and self.img_size < 1:
+                raise ValueError(f"--img-size must be >= 1, got {self.img_size}")
 
 
 @dataclass
@@ -126,6 +145,7 @@ class Row:
     format: str
     status: str = "ok"
     size_mb: float | None = None
+    peak_rss_mb: float | None = None
     metric: float | None = None
     metric_delta: float | None = None
     top1_agreement: float | None = None
@@ -189,6 +209,17 @@ class _Formats:
             if fmt == f"onnx-opset{ATTENTION_OPSET}":
                 meta["opset"] = ATTENTION_OPSET
             path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    def memory_target(self, fmt: str) -> tuple[str, Path]:
+        """``(runtime kind, file)`` that :func:`peak_rss_mb` loads for ``fmt``."""
+        if fmt.startswith("torch"):
+            path = self.workdir / "model-torch.pt"
+            if not path.exists():  # the whole module: the child has no config to rebuild it
+                torch.save(self.source.model, path)
+            return fmt, path
+        if fmt.startswith("openvino"):
+            return fmt, self.onnx(self.opts.opset)[0]
+        return "onnx", self.files[fmt]
 
     def build(self, fmt: str) -> tuple[Runner, str, float]:
         """``(runner, status, size in MB)`` for one format."""
@@ -271,7 +302,11 @@ def benchmark_checkpoint(
         log: Progress lines.
     """
     opts.validate()
-    source = load_source(checkpoint, opts.ema, opts.data)
+    if opts.model is not None:
+        size = opts.img_size or get_model_entry(opts.model).cfg.img_size
+        source = model_source(opts.model, size, opts.data, opts.weights)
+    else:
+        source = load_source(checkpoint, opts.ema, opts.data)
     with torch_threads(opts.threads), tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir) if workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -296,7 +331,8 @@ def benchmark_checkpoint(
                 runner, row.status, row.size_mb = builder.build(fmt)
                 ev = source.evaluate(runner, batches)
                 row.metric = ev.metric
-                row.metric_delta = ev.metric - ref.metric
+                if ev.metric is not None:
+                    row.metric_delta = ev.metric - ref.metric
                 row.top1_agreement = ev.top1_agreement(ref)
                 row.max_abs_diff = max_abs_diff(ev.outputs, ref.outputs)
                 if fmt in FP32_FORMATS and row.status == "ok" and row.max_abs_diff > opts.atol:
@@ -307,6 +343,12 @@ def benchmark_checkpoint(
                 runners[fmt] = runner
             except Exception as e:  # one format's failure is a row, not the end of the table
                 row.status = f"failed: {one_line(e)}"
+            if fmt in runners and opts.memory:
+                try:
+                    kind, path = builder.memory_target(fmt)
+                    row.peak_rss_mb = peak_rss_mb(kind, path, x1.numpy(), opts.threads)
+                except Exception as e:  # the row's other figures stand
+                    row.status += f"; peak memory not measured: {one_line(e)}"
             rows.append(row)
             log(f"{fmt}: {row.status}")
         log(f"timing {len(runners)} formats, interleaved")
@@ -324,10 +366,17 @@ def benchmark_checkpoint(
             builder.describe_files()
     uses_openvino = any(f.startswith("openvino") for f in opts.formats)
     return {
-        "checkpoint": os.path.abspath(checkpoint),
+        "checkpoint": None if opts.model else os.path.abspath(checkpoint),
+        "weights": source.meta.get("weights"),  # with --model
+        "images": str(opts.data) if opts.model else None,
+        "img_size": list(source.img_size),
         "model_name": source.model_name,
         "metric_name": source.metric_name,
         "val_images": len(ref.outputs[0]),
+        # 1 would make top-1 agreement trivially high (random weights often collapse to one)
+        "fp32_top1_classes": (
+            len(ref.outputs[0].argmax(1).unique()) if ref.outputs[0].ndim == 2 else None
+        ),
         "threads": opts.threads,
         "batch": opts.batch,
         "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
@@ -350,6 +399,7 @@ _HEADERS = {
     "format": "format",
     "status": "status",
     "size_mb": "size MB",
+    "peak_rss_mb": "peak RSS MB",
     "metric": "{metric}",
     "metric_delta": "Δ {metric}",
     "top1_agreement": "top-1 agree",
@@ -363,13 +413,14 @@ _HEADERS = {
 }
 _FORMATS = {
     "size_mb": "{:.2f}",
+    "peak_rss_mb": "{:.0f}",
     "metric": "{:.4f}",
     "metric_delta": "{:+.4f}",
     "top1_agreement": "{:.4f}",
     "max_abs_diff": "{:.1e}",
     "latency_median_ms": "{:.2f}",
     "latency_p90_ms": "{:.2f}",
-    "throughput_img_s": "{:.0f}",
+    "throughput_img_s": "{:.1f}",
     "gflops": "{:.3g}",
     "pct_of_ceiling": "{:.1f}",
 }
@@ -377,22 +428,37 @@ _FORMATS = {
 
 def markdown_table(result: dict[str, Any]) -> str:
     """The table as Markdown, with the context a reader needs to trust the numbers below it."""
-    heads = [
-        _HEADERS[c].format(metric=result["metric_name"], batch=result["batch"]) for c in COLUMNS
-    ]
+    metric = result["metric_name"]
+    columns = [c for c in COLUMNS if metric or c not in ("metric", "metric_delta")]
+    heads = [_HEADERS[c].format(metric=metric, batch=result["batch"]) for c in columns]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in result["rows"]:
         cells = []
-        for c in COLUMNS:
+        for c in columns:
             v = r[c]
             cells.append("-" if v is None else _FORMATS.get(c, "{}").format(v))
         lines.append("| " + " | ".join(cells) + " |")
     ceil = ", ".join(f"{k} {v:.0f}" for k, v in result["ceiling_gflops"].items())
     s = result["settings"]
+    size = "x".join(map(str, result["img_size"]))
+    if metric:
+        what = (
+            f"{result['model_name']} ({result['checkpoint']}), {metric} on "
+            f"{result['val_images']} val images"
+        )
+    else:
+        what = (
+            f"{result['model_name']} at {size}, {result['weights']} weights: no accuracy "
+            f"column, the {result['val_images']} images ({result['images']}) carry no labels; "
+            "agreement and max abs diff (logits) are against fp32 PyTorch on them, where its "
+            f"top-1 takes {result['fp32_top1_classes']} distinct classes"
+        )
+        static = any(r["format"] == "onnx-int8-static" for r in result["rows"])
+        if static and not s["calib_data"]:
+            what += " (and static int8 is calibrated on them: pass --calib-data to keep apart)"
     lines += [
         "",
-        f"{result['model_name']} ({result['checkpoint']}), {result['metric_name']} on "
-        f"{result['val_images']} val images; {result['machine']}; {result['threads']} threads.",
+        f"{what}; {result['machine']}; {result['threads']} threads.",
         f"Timing: {s['warmup']} warmup runs per format, then the formats take turns (5 calls "
         f"each) until each has >= {s['runs']} runs and >= {s['seconds']:g} s per format have "
         "passed, at batch 1 and again at the throughput batch. "
@@ -402,6 +468,12 @@ def markdown_table(result: dict[str, Any]) -> str:
         f"in GFLOP/s ({ceil}; best of {', '.join(f'{n}²' for n in s['ceiling_sizes'])}): "
         "bf16 for the -bf16 rows, fp32 for every other row, int8 included.",
     ]
+    if any(r["peak_rss_mb"] for r in result["rows"]):
+        lines.append(
+            "Peak RSS: a fresh process per format loads its runtime and the model and runs "
+            f"{CALLS} batch-1 passes; it includes the interpreter and the runtime's libraries "
+            "(torch rows import torch, onnxruntime rows only onnxruntime and numpy)."
+        )
     if any(r["threads"] and r["threads"] > 1 for r in result["rows"]):
         lines.append(
             "onnxruntime runs with intra-op spinning off: spinning idle threads would take the "

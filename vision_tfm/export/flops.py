@@ -3,6 +3,10 @@
 Convention: 1 multiply-add = 2 FLOPs (``torch.utils.flop_counter``'s, and the usual one for
 "GFLOPs" in papers that count MACs x 2). Only matmuls, convolutions and attention are
 counted; norms, softmax and activations are left out, as every FLOP table does.
+
+torch's counter knows the CUDA attention kernels only: on CPU, SDPA runs as
+``_scaled_dot_product_flash_attention_for_cpu``, which it would skip, dropping both attention
+matmuls. :func:`count_flops` gives that op the same formula (q @ k^T plus attn @ v).
 """
 
 from __future__ import annotations
@@ -12,17 +16,26 @@ import platform
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 __all__ = ["count_flops", "cpu_description", "matmul_ceiling", "torch_threads"]
 
 
+def _cpu_sdpa_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """The CPU SDPA kernel, counted by torch's formula for its CUDA twins."""
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+_CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops}
+
+
 def count_flops(model: nn.Module, x: torch.Tensor) -> float:
     """FLOPs of one forward pass over ``x`` divided by its batch size (FLOPs per image)."""
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION)
     with counter, torch.inference_mode():
         model(x)
     return counter.get_total_flops() / x.shape[0]

@@ -242,7 +242,11 @@ def _quantise(
         r["calibration"] = (
             None
             if mode == "dynamic"
-            else {"data": opts.calib_data or "train split", "images": len(calib)}
+            # the folder's name only: the JSON ships with the model, a path would leak the machine
+            else {
+                "data": Path(opts.calib_data).name if opts.calib_data else "train split",
+                "images": len(calib),
+            }
         )
         results[mode] = r
         agree = r["top1_agreement"]

@@ -12,7 +12,7 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from .source import INPUT_NAME, ExportSource
+from .source import INPUT_NAME, ExportSource, ImageList, list_images
 
 __all__ = ["INT8_MODES", "TensorCalibrationReader", "calibration_images", "quantize_int8"]
 
@@ -204,41 +204,9 @@ def _grasp_folder(source: ExportSource, root: Path) -> Any:
 
 def _folder_images(source: ExportSource, root: Path, n: int, seed: int) -> torch.Tensor:
     """Read MNIST idx, CIFAR-10, ImageFolder or plain image folders with eval preprocessing."""
-    from ..data import build_eval_transform, load_image
+    from ..data import build_eval_transform
     from ..train.classification import eval_data_config
 
-    items = _list_images(root)
     transform = build_eval_transform(eval_data_config(source.cfg, source.meta))
-
-    def get(i: int) -> torch.Tensor:
-        item = items[i]
-        img = load_image(item, 1 if source.in_chans == 1 else 3) if isinstance(item, Path) else item
-        return transform(img)
-
-    return _sample(len(items), n, seed, get)
-
-
-def _list_images(root: Path) -> Sequence[Any]:
-    """Images (uint8 arrays) or image paths found at ``root``, in a fixed order."""
-    from ..data import load_cifar10, read_idx, scan_image_folder
-    from ..data.datasets import IMAGE_EXTENSIONS, find_cifar10_dir
-    from ..data.mnist import IDX_IMAGES_MAGIC
-
-    if root.is_file():
-        if "idx3-ubyte" in root.name:
-            return read_idx(root, IDX_IMAGES_MAGIC)
-        return [root]
-    idx = sorted(root.glob("*idx3-ubyte*"))
-    if idx:
-        return read_idx(idx[0], IDX_IMAGES_MAGIC)  # (N, H, W) uint8
-    if find_cifar10_dir(root) is not None:
-        return load_cifar10(root)[0]  # the training batches
-    if (root / "train").is_dir():
-        return [p for p, _ in scan_image_folder(root)[0]]
-    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
-    if not files:
-        raise ValueError(
-            f"{root}: no calibration images (expected image files, an ImageFolder root, "
-            "CIFAR-10 batches or MNIST idx files)"
-        )
-    return files
+    ds = ImageList(list_images(root, "calibration images"), source.in_chans, transform)
+    return _sample(len(ds), n, seed, lambda i: ds[i][0])

@@ -23,7 +23,17 @@ from ..models import get_model_entry
 from ..train.checkpoint import load_checkpoint
 from ..train.config import config_hash
 
-__all__ = ["INPUT_NAME", "Evaluation", "ExportSource", "Runner", "load_source", "max_abs_diff"]
+__all__ = [
+    "INPUT_NAME",
+    "Evaluation",
+    "ExportSource",
+    "ImageList",
+    "Runner",
+    "list_images",
+    "load_source",
+    "max_abs_diff",
+    "model_source",
+]
 
 INPUT_NAME = "image"
 TASKS = ("cls", "grasp")
@@ -34,9 +44,10 @@ Runner = Callable[[torch.Tensor], Sequence[torch.Tensor]]
 
 @dataclass
 class Evaluation:
-    """One runner's outputs over the val batches, and the task metric they score."""
+    """One runner's outputs over the val batches, and the task metric they score (None on
+    unlabelled images)."""
 
-    metric: float
+    metric: float | None
     outputs: list[torch.Tensor]  # one per output name, concatenated over the batches
 
     def top1_agreement(self, ref: Evaluation) -> float | None:
@@ -89,7 +100,7 @@ class ExportSource:
         return list(MAP_KEYS) if self.task == "grasp" else ["logits"]
 
     @property
-    def metric_name(self) -> str:
+    def metric_name(self) -> str | None:
         return "grasp_acc" if self.task == "grasp" else "top1"
 
     def outputs_of(self, out: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -151,7 +162,9 @@ class ExportSource:
             x = batch[0]
             out = [t.float() for t in runner(x)]
             outs.append(out)
-            if self.task == "grasp":
+            if self.metric_name is None:
+                pass
+            elif self.task == "grasp":
                 maps = dict(zip(MAP_KEYS, out))
                 hits += sum(batch_grasp_correct(maps, batch[2], top_n=1, **self._decode_kw()))
             else:
@@ -159,7 +172,8 @@ class ExportSource:
             n += len(x)
         if n == 0:
             raise ValueError(f"{self.path}: the validation split is empty")
-        return Evaluation(hits / n, [torch.cat(col) for col in zip(*outs)])
+        metric = None if self.metric_name is None else hits / n
+        return Evaluation(metric, [torch.cat(col) for col in zip(*outs)])
 
     def _decode_kw(self) -> dict[str, Any]:
         return {
@@ -177,7 +191,7 @@ class ExportSource:
         info: dict[str, Any] = {
             "model_name": self.model_name,
             "task": self.task,
-            "checkpoint": os.path.abspath(self.path),
+            "checkpoint": self.path.name,  # the name only: a path would leak the machine
             "config_hash": config_hash(self.cfg),
             "input_name": INPUT_NAME,
             "in_chans": self.in_chans,
@@ -205,17 +219,9 @@ class ExportSource:
         """The val pipeline step by step, so a runtime without vision_tfm can reproduce it
         (with another resize filter, 1.3% of an ONNX-only Swin-MNIST's predictions changed)."""
         if self.task == "cls":
-            d, size = self.cfg.data, self.img_size[0]
-            return {
-                "channels": "gray: ITU-R 601 luma of RGB"
-                if self.in_chans == 1
-                else "RGB (gray repeated); alpha dropped",
-                "resize_short_side": int(size / d.crop_pct),
-                "interpolation": "bicubic (OpenCV INTER_CUBIC)",
-                "center_crop": [size, size],
-                "normalize": "(pixel / 255 - mean) / std per channel",
-                "layout": "NCHW float32",
-            }
+            m = self.meta
+            d = self.cfg.data
+            return cls_preprocess(self.img_size[0], d.crop_pct, self.in_chans, m["mean"], m["std"])
         from ..data.grasp import DEPTH_CLIP
 
         d = self.cfg.data
@@ -233,6 +239,184 @@ class ExportSource:
             f"mean, clipped to +-{DEPTH_CLIP}",
             "layout": "NCHW float32",
         }
+
+
+class ImageList(Dataset):
+    """Image files or uint8 arrays through a transform, each labelled -1 (no label)."""
+
+    def __init__(self, items: Sequence[Any], in_chans: int, transform: Callable) -> None:
+        self.items, self.in_chans, self.transform = items, in_chans, transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from ..data import load_image
+
+        item = self.items[i]
+        img = load_image(item, 1 if self.in_chans == 1 else 3) if isinstance(item, Path) else item
+        return self.transform(img), -1
+
+
+def list_images(root: Path, what: str = "images") -> Sequence[Any]:
+    """Images (uint8 arrays) or image paths found at ``root``, in a fixed order: MNIST idx,
+    CIFAR-10 batches, an ImageFolder root's train split, or every image file below it.
+
+    Raises:
+        ValueError: There are none.
+    """
+    from ..data import load_cifar10, read_idx, scan_image_folder
+    from ..data.datasets import IMAGE_EXTENSIONS, find_cifar10_dir
+    from ..data.mnist import IDX_IMAGES_MAGIC
+
+    if root.is_file():
+        if "idx3-ubyte" in root.name:
+            return read_idx(root, IDX_IMAGES_MAGIC)
+        return [root]
+    idx = sorted(root.glob("*idx3-ubyte*"))
+    if idx:
+        return read_idx(idx[0], IDX_IMAGES_MAGIC)  # (N, H, W) uint8
+    if find_cifar10_dir(root) is not None:
+        return load_cifar10(root)[0]  # the training batches
+    if (root / "train").is_dir():
+        return [p for p, _ in scan_image_folder(root)[0]]
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        raise ValueError(
+            f"{root}: no {what} (expected image files, an ImageFolder root, CIFAR-10 batches "
+            "or MNIST idx files)"
+        )
+    return files
+
+
+@dataclass
+class ModelSource(ExportSource):
+    """A registered classifier without a training run: random (seeded) or converted weights,
+    scored on unlabelled images, so only agreement with fp32 PyTorch can be measured."""
+
+    images: Path = Path()
+
+    @property
+    def metric_name(self) -> str | None:
+        return None
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The image folder, twice: it is both the calibration and the agreement set."""
+        if self._data is None:
+            from ..data import build_eval_transform
+            from ..train.classification import eval_data_config
+
+            transform = build_eval_transform(eval_data_config(self.cfg, self.meta))
+            ds = ImageList(list_images(self.images), self.in_chans, transform)
+            self._data = (ds, ds)
+        return self._data
+
+
+def model_source(
+    name: str, img_size: int, images: str | os.PathLike, weights: str | os.PathLike | None = None
+) -> ModelSource:
+    """A registered classifier at ``img_size`` for speed and agreement rows (no accuracy).
+
+    Args:
+        name: A registered classifier (not a grasp model).
+        img_size: Input side; ViT's position table and Swin's windows are built for it.
+        images: Real images the formats are compared on (and static int8 calibrated on),
+            preprocessed as ``vtfm predict`` would with ImageNet statistics.
+        weights: timm / torchvision / official checkpoint to convert; default: seeded random.
+
+    Raises:
+        ValueError, FileNotFoundError: An unknown or grasp model, missing images or weights.
+    """
+    from ..config import apply_overrides
+    from ..data.config import IMAGENET_MEAN, IMAGENET_STD
+    from ..models.convert import load_pretrained
+    from ..train.classification import ClsConfig, build_cls_model
+    from ..train.config import grasp_models
+
+    entry = get_model_entry(name)
+    if name in grasp_models():
+        raise ValueError(f"--model {name} is a grasp model; benchmark it from its checkpoint")
+    images = Path(images)
+    if not images.exists():
+        raise FileNotFoundError(f"--data: {images} does not exist")
+    if weights is not None and not Path(weights).is_file():
+        raise FileNotFoundError(f"--weights: {weights} not found")
+    over = {"model.name": name, "data.name": "imagefolder", "data.root": str(images)}
+    cfg = apply_overrides(ClsConfig(), {**over, "data.img_size": img_size})
+    in_chans = entry.cfg.in_chans
+    torch.manual_seed(0)
+    model = build_cls_model(cfg.model, entry.cfg.num_classes, in_chans, img_size)
+    if weights is not None:
+        load_pretrained(model, weights)
+    gray = in_chans == 1
+    meta = {
+        "task": "cls",
+        "model_name": name,
+        "in_chans": in_chans,
+        "img_size": img_size,
+        "num_classes": entry.cfg.num_classes,
+        "class_names": [str(i) for i in range(entry.cfg.num_classes)],
+        "mean": [0.5] if gray else list(IMAGENET_MEAN),
+        "std": [0.5] if gray else list(IMAGENET_STD),
+        "weights": Path(weights).name if weights else "random (torch.manual_seed(0))",
+    }
+    path = Path(weights) if weights else Path(f"{name}-random-init")
+    return ModelSource(path, model.eval(), cfg, meta, images=images)
+
+
+CLS_CONTRACT = "vision_tfm.cls.preprocess/1"  # bump when a step below changes
+
+
+def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std: Any) -> dict:
+    """``vtfm predict``'s preprocessing as an exact contract: every library, dtype and rounding.
+
+    ``examples/onnx_client.py`` follows it with Pillow and numpy alone and must agree with
+    ``vtfm predict`` to 1e-5 in probability (tests/export/test_onnx_client.py).
+    """
+    short = int(img_size / crop_pct)
+    mode = "L" if in_chans == 1 else "RGB"
+    return {
+        "contract": CLS_CONTRACT,
+        "decode": "Pillow Image.open, no EXIF rotation. 16-bit (modes I;16*, or mode I with a "
+        "pixel above 255): v -> (v + 128) // 257 as uint8 mode L; mode I with every pixel "
+        "<= 255: v as uint8 mode L; mode F is refused",
+        "channels": {
+            "mode": mode,
+            "rule": f"Pillow Image.convert('{mode}'): "
+            + (
+                "ITU-R 601 luma in Pillow's integer arithmetic, uint8"
+                if in_chans == 1
+                else "gray repeated, palette expanded, alpha dropped (not composited)"
+            ),
+        },
+        "resize": {
+            "short_side": short,
+            "long_side": f"max(1, round(long * ({short} / short))): float64, round half to even",
+            "skip": "when the size is unchanged",
+            "filter": "bicubic on uint8 HWC, Keys kernel a = -0.75 (OpenCV's INTER_CUBIC); per "
+            "axis, output d samples src = float32((d + 0.5) * (1 / (out / in)) - 0.5) (the "
+            "quotients in float64); taps floor(src) - 1 .. floor(src) + 2, clamped to the "
+            "edge; with t = src - floor(src), u = 1 - t and a = -0.75, evaluated left to right "
+            "in float32: w0 = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a, "
+            "w1 = ((a + 2) * t - (a + 3)) * t * t + 1, w2 = ((a + 2) * u - (a + 3)) * u * u + 1, "
+            "w3 = 1 - w0 - w1 - w2; each times 2048, rounded half to even to an integer",
+            "arithmetic": "int64: along W first (sum of pixel x weight), then along H; then "
+            "(v + 2**21) >> 22, clipped to 0..255, uint8",
+            "reference": "vision_tfm.data.transforms.resize_bicubic",
+        },
+        "center_crop": {
+            "size": [img_size, img_size],
+            "offset": "top = (H - size) // 2, left = (W - size) // 2 (floored)",
+        },
+        "normalize": {
+            "mean": list(mean),
+            "std": list(std),
+            "formula": "per channel, every operation in float32: "
+            "(v - mean * 255) * (1 / (std * 255))",
+        },
+        "layout": f"NCHW float32 ({mode} channel order), batch axis first",
+        "output": "logits; softmax over the last axis gives vtfm predict's probabilities",
+    }
 
 
 def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
