@@ -149,12 +149,18 @@ def test_cornell_end_to_end(mode: str, chans: int) -> None:
     assert batch_grasp_correct(maps, rects) == [True, True, True]
 
 
-def test_cornell_crop_maps_rectangles_by_hand() -> None:
-    # pcd0100: corner mean (285.125, 301.96) -> crop x0 = 135, y0 = 152; scale 224 / 300.
-    ds = CornellGrasp(CORNELL / "01", ids=["pcd0100"], input="rgb")  # root = numbered folder
+@pytest.mark.parametrize(
+    ("crop", "x0", "y0"),
+    [
+        ("grasps", 135, 152),  # pcd0100: corner mean (285.125, 301.96) -> GG-CNN's crop
+        ("centre", 170, 90),  # 640x480 view: (640 - 300) / 2, (480 - 300) / 2
+    ],
+)
+def test_cornell_crop_maps_rectangles_by_hand(crop: str, x0: int, y0: int) -> None:
+    ds = CornellGrasp(CORNELL / "01", ids=["pcd0100"], input="rgb", crop=crop)
     _, _, rects = ds[0]
     s = 224 / 300
-    expected = [(253 - 135 + 0.5) * s - 0.5, (319.7 - 152 + 0.5) * s - 0.5]
+    expected = [(253 - x0 + 0.5) * s - 0.5, (319.7 - y0 + 0.5) * s - 0.5]
     np.testing.assert_allclose(rects[0, 0], expected, rtol=1e-5)
 
 

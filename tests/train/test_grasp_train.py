@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vision_tfm.config import apply_overrides
-from vision_tfm.grasp import Grasp
+from vision_tfm.grasp import MAP_KEYS, Grasp
 from vision_tfm.train import Trainer
 from vision_tfm.train.checkpoint import load_checkpoint
 from vision_tfm.train.grasp import GraspConfig, GraspTask, predict_grasps
@@ -141,15 +141,27 @@ def test_vtfm_grasp_cli(trained, tmp_path):
         assert r.returncode == 2 and r.stderr == f"error: --top must be >= 1, got {top}\n"
 
 
-def test_quality_bce_on_probabilities_matches_the_logits_form():
+def test_quality_loss_is_bce_on_logits_unclamped():
+    # a confident wrong logit (+50 where nothing is graspable) costs ~50; BCE on clamped
+    # probabilities stopped at -log(1e-6) = 13.8 and gave it no gradient
     import torch
-    import torch.nn.functional as F
+    from torch import nn
 
-    from vision_tfm.train.grasp import _bce
+    class Const(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.z = nn.Parameter(torch.tensor(50.0))
 
-    z = torch.randn(2, 1, 8, 8) * 3
-    y = (torch.rand(2, 1, 8, 8) > 0.8).float()
-    torch.testing.assert_close(_bce(z.sigmoid(), y), F.binary_cross_entropy_with_logits(z, y))
+        def forward(self, x):
+            return {k: self.z.expand(x.shape[0], 1, 8, 8) for k in MAP_KEYS}
+
+    cfg = apply_overrides(GraspConfig(), {"model.name": "grasp_hybrid_t"})
+    model = Const()
+    maps = {k: torch.zeros(2, 1, 8, 8) for k in MAP_KEYS}  # no graspable pixel: quality only
+    loss, n = GraspTask(cfg).loss(model, (torch.zeros(2, 4, 8, 8), maps, []), torch.device("cpu"))
+    loss.backward()
+    assert n == 2 and loss.item() == pytest.approx(50.0, rel=1e-4)
+    assert model.z.grad.item() == pytest.approx(1.0, rel=1e-4)  # d/dz mean BCE = sigmoid(z)
 
 
 @pytest.mark.parametrize(
