@@ -326,6 +326,8 @@ class GraspHybrid(_HybridModel):
     bottom/right and the maps are cropped back, so every level upsamples by exactly 2.
     """
 
+    grasp_maps = True  # the registry's mark of a model train_grasp.py trains
+
     def __init__(self, cfg: GraspHybridConfig) -> None:
         super().__init__(cfg)
         chs = cfg.stem_chs

@@ -159,9 +159,8 @@ def save_config(cfg: Any, path: str | os.PathLike) -> None:
 def grasp_models() -> list[str]:
     """Registered models that predict grasp maps (``train_grasp.py``); the rest classify."""
     from ..models import get_model_entry, list_models
-    from ..models.hybrid import GraspHybrid
 
-    return [n for n in list_models() if issubclass(get_model_entry(n).cls, GraspHybrid)]
+    return [n for n in list_models() if getattr(get_model_entry(n).cls, "grasp_maps", False)]
 
 
 def config_hash(cfg: Any) -> str:

@@ -287,7 +287,7 @@ def build_grasp_datasets(
     folds: int = 0,
     fold: int = 0,
     augment: GraspAugment | bool = True,
-    train_crop: CropMode = "grasps",
+    train_crop: CropMode = "centre",
     repeat: int = 1,
     cache: bool = False,
     **kwargs: Any,
