@@ -3,12 +3,13 @@
 python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_s
 python train_grasp.py --data /data/jacquard --dataset jacquard --input rgbd
 python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_t data.split=object
+python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_t --folds 5
 """
 
 from pathlib import Path
 
 from vision_tfm.train import Trainer
-from vision_tfm.train.grasp import GraspConfig, GraspTask
+from vision_tfm.train.grasp import GraspConfig, GraspTask, cross_validate
 from vision_tfm.train.launch import base_parser, resolve_config, run_cli
 
 CONFIGS = Path(__file__).resolve().parent / "configs" / "grasp"
@@ -18,7 +19,12 @@ def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=["cornell", "jacquard"], help="data.dataset")
     p.add_argument("--input", choices=["rgb", "depth", "rgbd"], help="data.input")
+    p.add_argument(
+        "--folds", type=int, help="k-fold cross-validation: one model per fold, then mean ± std"
+    )
     args = p.parse_intermixed_args()
+    if args.folds is not None and (args.resume or args.eval_only):
+        raise ValueError("--folds trains every fold from scratch: drop --resume / --eval-only")
     extra = {}
     if args.data:
         extra["data.root"] = args.data
@@ -27,6 +33,9 @@ def main() -> None:
     if args.input:
         extra["data.input"] = args.input
     cfg = resolve_config(GraspConfig(), args, CONFIGS, "", extra, task="grasp")
+    if args.folds is not None:
+        cross_validate(cfg, args.folds)
+        return
     Trainer(cfg, GraspTask(cfg), resume=args.resume).fit(eval_only=args.eval_only)
 
 

@@ -103,7 +103,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 def cmd_grasp(args: argparse.Namespace) -> None:
     """Print the top grasps on one view and write an overlay PNG."""
-    from .train.grasp import draw_grasps, predict_grasps
+    from .grasp import draw_grasps, predict_grasps
 
     _check_count("--top", args.top)
     _need_inputs(args.checkpoint, args.image, args.depth)

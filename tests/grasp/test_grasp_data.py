@@ -19,6 +19,7 @@ from vision_tfm.data.grasp import (
     fill_depth_holes,
     grasp_collate,
     jacquard_to_corners,
+    kfold_splits,
     normalise_depth,
     read_cornell_rects,
     read_jacquard_grasps,
@@ -149,12 +150,18 @@ def test_cornell_end_to_end(mode: str, chans: int) -> None:
     assert batch_grasp_correct(maps, rects) == [True, True, True]
 
 
-def test_cornell_crop_maps_rectangles_by_hand() -> None:
-    # pcd0100: corner mean (285.125, 301.96) -> crop x0 = 135, y0 = 152; scale 224 / 300.
-    ds = CornellGrasp(CORNELL / "01", ids=["pcd0100"], input="rgb")  # root = numbered folder
+@pytest.mark.parametrize(
+    ("crop", "x0", "y0"),
+    [
+        ("grasps", 135, 152),  # pcd0100: corner mean (285.125, 301.96) -> GG-CNN's crop
+        ("centre", 170, 90),  # 640x480 view: (640 - 300) / 2, (480 - 300) / 2
+    ],
+)
+def test_cornell_crop_maps_rectangles_by_hand(crop: str, x0: int, y0: int) -> None:
+    ds = CornellGrasp(CORNELL / "01", ids=["pcd0100"], input="rgb", crop=crop)
     _, _, rects = ds[0]
     s = 224 / 300
-    expected = [(253 - 135 + 0.5) * s - 0.5, (319.7 - 152 + 0.5) * s - 0.5]
+    expected = [(253 - x0 + 0.5) * s - 0.5, (319.7 - y0 + 0.5) * s - 0.5]
     np.testing.assert_allclose(rects[0, 0], expected, rtol=1e-5)
 
 
@@ -231,6 +238,40 @@ def test_split_ids() -> None:
     assert len(grouped.train) == 7  # the cut moves to the end of object "b"
     with pytest.raises(ValueError, match="split must be"):
         split_ids(ids, "random")
+
+
+@pytest.mark.parametrize("split", ["image", "object"])
+def test_kfold_splits_are_disjoint_and_cover_every_view(split: str) -> None:
+    ids = [f"pcd{i:04d}" for i in range(100, 170)]
+    objects = [f"obj{int(i[3:]) // 4}" for i in ids]  # 4 consecutive views per object
+    folds = kfold_splits(ids[::-1], 5, split, seed=0, groups=objects[::-1])
+    vals = [f.val for f in folds]
+    assert sorted(i for v in vals for i in v) == ids  # every view validated exactly once
+    for f in folds:
+        assert set(f.train).isdisjoint(f.val) and sorted(f.train + f.val) == ids
+        assert f"{len(f.train)} train / {len(f.val)} val" in f.name
+    if split == "image":
+        assert [len(v) for v in vals] == [14] * 5 and vals[0] != ids[:14]
+        assert kfold_splits(ids, 5, seed=1)[0].val != vals[0]
+    else:  # whole objects: no object on both sides of any fold
+        obj = dict(zip(ids, objects))
+        for f in folds:
+            assert {obj[i] for i in f.train}.isdisjoint({obj[i] for i in f.val})
+        assert all(
+            v == sorted(v) and ids.index(v[-1]) - ids.index(v[0]) == len(v) - 1 for v in vals
+        )
+    with pytest.raises(ValueError, match="folds"):
+        kfold_splits(ids[:3], 4)
+
+
+def test_build_grasp_datasets_fold_and_crops() -> None:
+    got = [build_grasp_datasets("cornell", CORNELL, folds=3, fold=k, input="rgb") for k in range(3)]
+    assert sorted(v.ids[0] for _, v, _ in got) == ["pcd0100", "pcd0101", "pcd0102"]
+    train, val, name = got[0]
+    assert "fold 1/3: 2 train / 1 val" in name and val.crop == "centre"
+    assert train.crop == "centre" and val.recropped("grasps").crop == "grasps"
+    with pytest.raises(ValueError, match="fold"):
+        build_grasp_datasets("cornell", CORNELL, folds=3, fold=3)
 
 
 def test_build_grasp_datasets() -> None:

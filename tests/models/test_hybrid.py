@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import vision_tfm as vt
-from vision_tfm.grasp.maps import MAP_KEYS
+from vision_tfm.grasp import GraspMaps
+from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps
 from vision_tfm.models.hybrid import (
     GraspHybrid,
     HybridClassifier,
@@ -58,12 +59,26 @@ def test_mnist_config_works_on_a_7x7_grid():
 def test_grasp_maps_full_resolution_and_ranges(size):
     m = tiny_grasp().eval()
     with torch.no_grad():
-        out = m(torch.randn(2, 4, *size) * 3)
-    assert tuple(out) == MAP_KEYS  # the order vision_tfm.grasp decodes
+        logits = m(torch.randn(2, 4, *size) * 3)
+    assert tuple(logits) == MAP_KEYS  # the order vision_tfm.grasp decodes
+    out = activate_grasp_maps(logits)
     bounds = {"quality": (0, 1), "cos": (-1, 1), "sin": (-1, 1), "width": (0, 1)}
     for key, fmap in out.items():
         assert fmap.shape == (2, 1, *size) and torch.isfinite(fmap).all(), key
         assert bounds[key][0] <= fmap.min() <= fmap.max() <= bounds[key][1], key
+
+
+def test_grasp_model_returns_logits_and_grasp_maps_activates_them():
+    m = tiny_grasp().eval()
+    with torch.no_grad():
+        m.head.bias.copy_(torch.tensor([6.0, -6.0, 6.0, -6.0]))  # quality, cos, sin, width
+        x = torch.randn(1, 4, 32, 32)
+        logits, maps = m(x), GraspMaps(m)(x)
+    assert logits["quality"].min() > 1 and logits["cos"].max() < -1  # no activation inside
+    torch.testing.assert_close(maps["quality"], logits["quality"].sigmoid())
+    torch.testing.assert_close(maps["cos"], logits["cos"].tanh())
+    torch.testing.assert_close(maps["sin"], logits["sin"].tanh())
+    torch.testing.assert_close(maps["width"], logits["width"].sigmoid())
 
 
 def test_odd_sizes_are_padded_then_cropped():

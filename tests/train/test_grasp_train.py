@@ -1,14 +1,19 @@
 """train_grasp.py on the committed Cornell fixtures: runs, checkpoints, predicts, fails cleanly."""
 
+import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from vision_tfm.config import apply_overrides
-from vision_tfm.grasp import Grasp
+from vision_tfm.data.grasp import crop_box, output_to_crop
+from vision_tfm.grasp import MAP_KEYS, Grasp, GraspMaps, decode_grasps
 from vision_tfm.train import Trainer
 from vision_tfm.train.checkpoint import load_checkpoint
 from vision_tfm.train.grasp import GraspConfig, GraspTask, predict_grasps
@@ -63,6 +68,92 @@ def test_predict_grasps_maps_back_to_the_raw_view(trained):
         assert -np.pi / 2 <= g.angle < np.pi / 2 and g.opening >= 0
     with pytest.raises(ValueError, match="pass --depth"):
         predict_grasps(trainer.run_dir / "best.pt", FIX / "01" / "pcd0100r.png")
+
+
+def test_validation_and_predict_grasps_crop_alike(trained):
+    # the val item and predict_grasps see the same centre crop, so the model's maps agree and
+    # the decoded grasps map back onto the raw view at the same place
+    trainer, _ = trained
+    val = trainer.val_ds
+    view = val.views[0]
+    x, _, _ = val[0]
+    with torch.no_grad():
+        maps = GraspMaps(trainer.shipped_model.eval())(x[None])
+    ev = trainer.cfg.eval
+    preds = decode_grasps(
+        *(maps[k][0, 0] for k in MAP_KEYS), num_grasps=2, **ev.decode_kwargs(val.width_scale)
+    )
+    box = crop_box((480, 640), trainer.cfg.data.crop_size)  # the fixture views are 640x480
+    ckpt = trainer.run_dir / "last.pt"
+    grasps, _ = predict_grasps(ckpt, view.rgb_path, view.depth_path, 2)
+    assert len(grasps) == len(preds) >= 1
+    for g, p in zip(grasps, preds):
+        ((x0, y0),) = output_to_crop(np.array([[p.x, p.y]], np.float32), box, val.output_size)
+        assert (g.x, g.y, g.angle, g.quality) == pytest.approx((x0, y0, p.angle, p.quality), 1e-4)
+    gt_x, _, _ = val.recropped("grasps")[0]
+    assert not torch.equal(gt_x, x)  # the GG-CNN crop differs on this view: the test can fail
+
+
+def test_eval_reports_both_crops_headline_last(trained):
+    trainer, metrics = trained
+    shipped = trainer.shipped_metrics(metrics)
+    assert {"grasp_acc", "grasp_acc_gt_crop"} <= set(metrics)
+    text = trainer.task.summary(shipped).splitlines()
+    assert text[0].endswith(
+        f"GG-CNN ground-truth-centred crop): {shipped['grasp_acc_gt_crop']:.2f}"
+    )
+    assert text[-1] == f"grasp acc (image-wise, top-1): {shipped['grasp_acc']:.2f}"
+    assert "grasp_acc_gt_crop" in trainer.history[-1]  # logged every epoch (metrics.csv)
+
+
+def test_eval_only_on_another_folder_prints_no_schedule_message(trained, tmp_path):
+    trainer, _ = trained
+    root = tmp_path / "other"
+    shutil.copytree(FIX / "01", root / "01")
+    (root / "01" / "pcd0102r.png").unlink()  # another folder: another epoch length
+    r = _cli(
+        "--eval-only",
+        "--resume",
+        str(trainer.run_dir / "last.pt"),
+        f"data.root={root}",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-1500:]
+    lines = r.stdout.strip().splitlines()
+    assert "schedule" not in r.stdout and len(lines) == 2, r.stdout
+    assert lines[-1].startswith("grasp acc (image-wise, top-1): ")
+
+
+def test_folds_cli_end_to_end(tmp_path):
+    r = _cli(
+        "--data",
+        str(FIX),
+        "--model",
+        "grasp_hybrid_t",
+        "--folds",
+        "3",
+        "--out-dir",
+        str(tmp_path / "cv"),
+        "data.output_size=32",
+        "data.batch_size=1",
+        "sched.epochs=1",
+        "run.plots=false",
+        "model.kwargs.embed_dim=16",
+        "model.kwargs.stem_chs=[4,8,8,16]",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-1500:]
+    lines = r.stdout.strip().splitlines()
+    assert re.fullmatch(r"grasp acc \(image-wise 3-fold, top-1\): \d\.\d\d ± \d\.\d\d", lines[-1])
+    assert "GG-CNN ground-truth-centred crop" in lines[-2]
+    (cv_dir,) = (tmp_path / "cv").iterdir()
+    cv = json.loads((cv_dir / "cv.json").read_text())
+    vals = [f["val_ids"] for f in cv["folds"]]
+    assert sorted(i for v in vals for i in v) == ["pcd0100", "pcd0101", "pcd0102"]
+    accs = [f["grasp_acc"] for f in cv["folds"]]
+    assert cv["grasp_acc"]["mean"] == pytest.approx(np.mean(accs))
+    assert all((cv_dir / f"fold{k}" / "last.pt").is_file() for k in (1, 2, 3))
+    assert sum(ln.startswith("fold ") for ln in lines) == 3
 
 
 def _cli(*args, cwd):
@@ -141,15 +232,26 @@ def test_vtfm_grasp_cli(trained, tmp_path):
         assert r.returncode == 2 and r.stderr == f"error: --top must be >= 1, got {top}\n"
 
 
-def test_quality_bce_on_probabilities_matches_the_logits_form():
-    import torch
-    import torch.nn.functional as F
+def test_quality_loss_is_bce_on_logits_unclamped():
+    # a confident wrong logit (+50 where nothing is graspable) costs ~50; BCE on clamped
+    # probabilities stopped at -log(1e-6) = 13.8 and gave it no gradient
+    from torch import nn
 
-    from vision_tfm.train.grasp import _bce
+    class Const(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.z = nn.Parameter(torch.tensor(50.0))
 
-    z = torch.randn(2, 1, 8, 8) * 3
-    y = (torch.rand(2, 1, 8, 8) > 0.8).float()
-    torch.testing.assert_close(_bce(z.sigmoid(), y), F.binary_cross_entropy_with_logits(z, y))
+        def forward(self, x):
+            return {k: self.z.expand(x.shape[0], 1, 8, 8) for k in MAP_KEYS}
+
+    cfg = apply_overrides(GraspConfig(), {"model.name": "grasp_hybrid_t"})
+    model = Const()
+    maps = {k: torch.zeros(2, 1, 8, 8) for k in MAP_KEYS}  # no graspable pixel: quality only
+    loss, n = GraspTask(cfg).loss(model, (torch.zeros(2, 4, 8, 8), maps, []), torch.device("cpu"))
+    loss.backward()
+    assert n == 2 and loss.item() == pytest.approx(50.0, rel=1e-4)
+    assert model.z.grad.item() == pytest.approx(1.0, rel=1e-4)  # d/dz mean BCE = sigmoid(z)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from ..grasp import MAP_KEYS, batch_grasp_correct
+from ..grasp import MAP_KEYS, GraspMaps, batch_grasp_correct
 from ..models import get_model_entry
 from ..train.checkpoint import load_checkpoint
 from ..train.config import config_hash
@@ -176,10 +176,7 @@ class ExportSource:
         return Evaluation(metric, [torch.cat(col) for col in zip(*outs)])
 
     def _decode_kw(self) -> dict[str, Any]:
-        return {
-            "width_scale": self.cfg.data.width_scale,
-            "min_distance": self.cfg.eval.min_distance,
-        }
+        return self.cfg.eval.decode_kwargs(self.cfg.data.width_scale)
 
     # --- metadata --------------------------------------------------------------------------
 
@@ -228,9 +225,8 @@ class ExportSource:
         order = {"rgb": ["R", "G", "B"], "depth": ["D"], "rgbd": ["R", "G", "B", "D"]}
         return {
             "channels": order[d.input],
-            "crop": f"a square of crop_size ({d.crop_size or 'the short side'}) px around the "
-            "object (training centres it on the annotated grasps; vtfm grasp on the image "
-            "centre), clipped to the image",
+            "crop": f"a square of crop_size ({d.crop_size or 'the short side'}) px at the "
+            "image centre (as validation and vtfm grasp crop)",
             "resize": [d.output_size, d.output_size],
             "interpolation": "area when shrinking, else bilinear (OpenCV)",
             "rgb": "(pixel / 255 - mean) / std per channel",
@@ -486,4 +482,5 @@ def load_source(
         cfg = replace(cfg, data=replace(cfg.data, root=str(data_root)))
     if task == "grasp":
         meta.setdefault("img_size", cfg.data.output_size)
+        model = GraspMaps(model)  # the graph ends in the activations, not the logits
     return ExportSource(path, model.eval(), cfg, meta)

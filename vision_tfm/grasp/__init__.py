@@ -1,6 +1,14 @@
-"""Grasp rectangles, their dense-map encoding and decoding, and the rectangle metric."""
+"""Grasp rectangles, dense-map encoding and decoding, the rectangle metric, and inference."""
 
-from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, as_grasps, decode_grasps, encode_grasp_maps
+from vision_tfm.grasp.maps import (
+    MAP_ACTIVATIONS,
+    MAP_KEYS,
+    WIDTH_SCALE,
+    activate_grasp_maps,
+    as_grasps,
+    decode_grasps,
+    encode_grasp_maps,
+)
 from vision_tfm.grasp.metric import (
     ANGLE_THRESHOLD,
     IOU_THRESHOLD,
@@ -9,6 +17,7 @@ from vision_tfm.grasp.metric import (
     grasp_correct,
     grasp_matches,
 )
+from vision_tfm.grasp.predict import GraspMaps, draw_grasps, predict_grasps
 from vision_tfm.grasp.rect import (
     Grasp,
     corners_to_params,
@@ -24,14 +33,18 @@ from vision_tfm.grasp.rect import (
 __all__ = [
     "ANGLE_THRESHOLD",
     "IOU_THRESHOLD",
+    "MAP_ACTIVATIONS",
     "MAP_KEYS",
     "WIDTH_SCALE",
     "Grasp",
+    "GraspMaps",
+    "activate_grasp_maps",
     "angle_difference",
     "as_grasps",
     "batch_grasp_correct",
     "corners_to_params",
     "decode_grasps",
+    "draw_grasps",
     "encode_grasp_maps",
     "grasp_axes",
     "grasp_correct",
@@ -40,6 +53,7 @@ __all__ = [
     "polygon_area",
     "polygon_intersection",
     "polygon_iou",
+    "predict_grasps",
     "rotate_points",
     "wrap_angle",
 ]

@@ -8,7 +8,7 @@ The angle is encoded as ``cos 2θ, sin 2θ`` because a grasp is symmetric under 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cv2
@@ -16,12 +16,34 @@ import numpy as np
 
 from vision_tfm.grasp.rect import Grasp, grasp_axes, wrap_angle
 
-__all__ = ["MAP_KEYS", "WIDTH_SCALE", "as_grasps", "decode_grasps", "encode_grasp_maps"]
+__all__ = [
+    "MAP_ACTIVATIONS",
+    "MAP_KEYS",
+    "WIDTH_SCALE",
+    "activate_grasp_maps",
+    "as_grasps",
+    "decode_grasps",
+    "encode_grasp_maps",
+]
 
 WIDTH_SCALE: float = 150.0
 """Pixels of opening that map to width 1.0 (at the 224-pixel model input)."""
 
 MAP_KEYS: tuple[str, ...] = ("quality", "cos", "sin", "width")
+
+MAP_ACTIVATIONS: dict[str, str] = {
+    "quality": "sigmoid",
+    "cos": "tanh",
+    "sin": "tanh",
+    "width": "sigmoid",
+}
+"""What turns each logit map of a grasp model into its map (a torch tensor method name)."""
+
+
+def activate_grasp_maps(logits: Mapping[str, Any]) -> dict[str, Any]:
+    """A grasp model's logit maps -> ``quality`` probability, ``cos``/``sin`` of 2θ in
+    [-1, 1] and ``width`` in [0, 1] (torch tensors); decoding, evaluation and export use it."""
+    return {k: getattr(logits[k], MAP_ACTIVATIONS[k])() for k in MAP_KEYS}
 
 
 def as_grasps(rects: np.ndarray | Sequence[Grasp]) -> list[Grasp]:

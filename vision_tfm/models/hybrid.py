@@ -390,10 +390,10 @@ class UpStage(nn.Module):
 class GraspHybrid(_HybridModel):
     """Trunk plus a U-Net decoder: ``forward`` returns full-resolution grasp maps.
 
-    Output dict, each map ``(B, 1, H, W)`` at the input size:
-        quality: grasp success probability in [0, 1] (sigmoid).
-        cos, sin: ``cos 2θ`` and ``sin 2θ`` in [-1, 1] (tanh).
-        width: ``opening / WIDTH_SCALE`` in [0, 1] (sigmoid; see ``vision_tfm.grasp.maps``).
+    Output dict of logits, each map ``(B, 1, H, W)`` at the input size: ``quality``, ``cos``,
+    ``sin``, ``width``. :func:`vision_tfm.grasp.activate_grasp_maps` turns them into the maps
+    (quality probability, ``cos 2θ``, ``sin 2θ``, ``opening / WIDTH_SCALE``); the loss takes
+    the quality logits as they are (BCE with logits), so no clamped probability enters it.
 
     Inputs whose sides are not a multiple of the trunk's reduction are zero-padded at the
     bottom/right and the maps are cropped back, so every level upsamples by exactly 2.
@@ -432,13 +432,7 @@ class GraspHybrid(_HybridModel):
             x = F.pad(x, (0, Wp - W, 0, Hp - H))
         tokens, feats = self.trunk(x)
         out = self.decode(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
-        q, c, s, w = out.split(1, dim=1)  # 4 x (B, 1, H, W)
-        return {
-            "quality": q.sigmoid(),
-            "cos": c.tanh(),
-            "sin": s.tanh(),
-            "width": w.sigmoid(),
-        }
+        return dict(zip(GRASP_KEYS, out.split(1, dim=1)))  # 4 x (B, 1, H, W) logits
 
 
 # --- registered sizes -------------------------------------------------------------------

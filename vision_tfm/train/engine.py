@@ -176,6 +176,7 @@ class Trainer:
         self.resume_path = Path(resume) if resume else None
         self._run_dir = Path(run_dir) if run_dir else None
         self._interrupted = False
+        self._eval_only = False
 
     # --- setup -------------------------------------------------------------------------
 
@@ -322,7 +323,7 @@ class Trainer:
             self.scheduler.load_state_dict(saved)
             return
         self.scheduler.step_update(num_updates=num_updates)
-        if is_main():
+        if is_main() and not self._eval_only:  # evaluating another folder resizes the epoch
             old_total, new_total = (d["t_initial"] + d["warmup_t"] for d in (saved, new))
             print(
                 f"the schedule differs from the checkpoint's ({old_total} -> {new_total} "
@@ -408,12 +409,13 @@ class Trainer:
 
     def fit(self, eval_only: bool = False) -> dict[str, float]:
         """Train (or just evaluate) and return the last validation metrics."""
+        self._eval_only = eval_only
         self._setup()
         try:
             if eval_only:
                 metrics = self._evaluate()
                 if is_main():
-                    print(self.task.summary(self._shipped(metrics)), flush=True)
+                    print(self.task.summary(self.shipped_metrics(metrics)), flush=True)
                 return metrics
             return self._fit()
         finally:
@@ -555,7 +557,7 @@ class Trainer:
                 )
             elif cfg.run.plots:
                 self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
-            print(self.task.summary(self._shipped(metrics or self.history[-1])), flush=True)
+            print(self.task.summary(self.shipped_metrics(metrics or self.history[-1])), flush=True)
         return metrics
 
     def _train_epoch(self, epoch: int, logger: MetricLogger | None) -> tuple[float, int]:
@@ -634,7 +636,7 @@ class Trainer:
         """The model the run ships: the EMA when enabled, else the trained weights."""
         return self.ema.module if self.ema is not None else self.model
 
-    def _shipped(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    def shipped_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Metrics of the shipped model under the task's plain names (for the summary)."""
         if self.ema is None:
             return metrics

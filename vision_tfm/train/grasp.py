@@ -1,12 +1,18 @@
-"""Grasp detection as an engine :class:`~vision_tfm.train.engine.Task`.
+"""Grasp detection as an engine :class:`~vision_tfm.train.engine.Task`, and k-fold CV.
 
-Dense maps are regressed with smooth-L1 (or MSE), as in GG-CNN / GR-ConvNet; validation
-decodes the top-n grasps per view and scores them with the rectangle metric
-(angle within 30 degrees and IoU > 0.25 against any ground-truth rectangle).
+Dense maps are regressed with smooth-L1 (or MSE), as in GG-CNN / GR-ConvNet, the quality
+logits with BCE; validation decodes the top-n grasps per view and scores them with the
+rectangle metric (angle within 30 degrees and IoU > 0.25 against any ground-truth rectangle).
+
+Validation crops at the image centre, as deployment does (``predict_grasps``); the GG-CNN
+figure, with the crop centred on the ground truth, is reported beside it for comparison with
+papers and is never the headline.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +23,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..data.grasp import GraspAugment, build_grasp_datasets, grasp_collate
-from ..grasp import MAP_KEYS, WIDTH_SCALE, batch_grasp_correct, decode_grasps
+from ..config import config_to_dict
+from ..data.grasp import CROP_MODES, GraspAugment, GraspDataset, build_grasp_datasets, grasp_collate
+from ..grasp import (
+    MAP_KEYS,
+    WIDTH_SCALE,
+    activate_grasp_maps,
+    batch_grasp_correct,
+    decode_grasps,
+    draw_grasps,
+    predict_grasps,
+)
 from ..models import get_model_entry
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
@@ -29,7 +44,9 @@ __all__ = [
     "GraspDataConfig",
     "GraspTask",
     "check_grasp_model",
+    "cross_validate",
     "draw_grasps",
+    "predict_grasps",
     "restore_grasp_model",
 ]
 
@@ -43,14 +60,19 @@ class GraspDataConfig:
         root: Dataset folder.
         input: "rgb", "depth" or "rgbd" (depth last); sets the model's in_chans.
         split: "image" (shuffled) or "object" (consecutive ids), written into every figure.
-        train_frac: Share of views used for training.
+        train_frac: Share of views used for training (when ``folds`` is 0).
+        folds: k of k-fold cross-validation (``train_grasp.py --folds``); 0: one split.
+        fold: The fold that validates (0-based), when ``folds`` > 0.
         output_size: Side of the square model input and maps.
-        crop_size: Square crop around the objects before resizing (0: shorter image side).
+        crop_size: Square crop before resizing (0: shorter image side).
+        train_crop: Where training views are cropped: "centre" (the image centre, as
+            validation and deployment) or "grasps" (centred on the labels, GG-CNN).
         batch_size: Views per step.
         num_workers: DataLoader workers.
         augment: Grasp-aware augmentation for training.
         rotate: Rotation range in degrees (symmetric).
         zoom: Zoom range about the objects.
+        translate: Largest random shift, as a fraction of the crop, per axis.
         color_jitter: RGB jitter strength (0 = off).
         depth_noise: Depth noise std in metres.
         width_scale: The one width normaliser, used for encoding and decoding.
@@ -65,13 +87,17 @@ class GraspDataConfig:
     input: str = "rgbd"
     split: str = "image"
     train_frac: float = 0.8
+    folds: int = 0
+    fold: int = 0
     output_size: int = 224
     crop_size: int = 300
+    train_crop: str = "centre"
     batch_size: int = 8
     num_workers: int = 0
     augment: bool = True
     rotate: float = 180.0
     zoom: tuple[float, float] = (1.0, 1.25)
+    translate: float = 0.1
     color_jitter: float = 0.2
     depth_noise: float = 0.005
     width_scale: float = WIDTH_SCALE
@@ -86,9 +112,9 @@ class GraspLossConfig:
     Attributes:
         maps: "smooth_l1" or "mse" on cos, sin and width (and quality when ``quality`` is
             "regress"), over every pixel, as in GG-CNN / GR-ConvNet.
-        quality: "bce" (binary cross-entropy on the quality probability) or "regress" (the
-            ``maps`` loss). Graspable pixels are a few percent of a view; regressing them
-            under a sigmoid gives small gradients and flat peaks, BCE does not.
+        quality: "bce" (binary cross-entropy on the quality logits) or "regress" (the
+            ``maps`` loss on the probability). Graspable pixels are a few percent of a view;
+            regressing them under a sigmoid gives small gradients and flat peaks, BCE does not.
         geometry: Where cos, sin and width are fitted: "all" pixels (background target 0,
             as in GG-CNN) or only "graspable" ones, the only pixels decoding ever reads.
         width_weight: Weight of the width term. Width targets span ~0.1-0.4 under a sigmoid,
@@ -110,11 +136,31 @@ class GraspEvalConfig:
         min_distance: Minimum distance between decoded peaks, in map pixels.
         threshold: Minimum smoothed quality of a decoded grasp. 0 keeps the best peak of
             every view, which is what a top-1 score asks for.
+        quality_sigma: Gaussian post-filter of the quality map before peak picking
+            (GG-CNN2 / GR-ConvNet; 0: off).
+        angle_sigma: The same for the cos and sin maps.
+        width_sigma: The same for the width map.
+        flip_tta: Average the maps of the view and its horizontal and vertical flips.
     """
 
     top_n: int = 1
     min_distance: int = 10
     threshold: float = 0.0
+    quality_sigma: float = 2.0
+    angle_sigma: float = 2.0
+    width_sigma: float = 1.0
+    flip_tta: bool = False
+
+    def decode_kwargs(self, width_scale: float) -> dict[str, Any]:
+        """Keyword arguments of :func:`~vision_tfm.grasp.decode_grasps` for this config."""
+        return {
+            "width_scale": width_scale,
+            "min_distance": self.min_distance,
+            "threshold": self.threshold,
+            "quality_sigma": self.quality_sigma,
+            "angle_sigma": self.angle_sigma,
+            "width_sigma": self.width_sigma,
+        }
 
 
 @dataclass
@@ -137,10 +183,17 @@ _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
 
 
-def _bce(prob: torch.Tensor, target: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Binary cross-entropy on probabilities, written out so it runs under any autocast."""
-    p = prob.clamp(eps, 1 - eps)
-    return -(target * p.log() + (1 - target) * (1 - p).log()).mean()
+def grasp_maps(model: nn.Module, x: torch.Tensor, flips: bool = False) -> dict[str, torch.Tensor]:
+    """Activated maps of ``model`` on ``x``; with ``flips``, averaged with those of the view
+    flipped left-right and up-down (flipped back; a mirror negates the angle, so ``sin 2θ``)."""
+    out = activate_grasp_maps(model(x))
+    if not flips:
+        return out
+    for dims in ((-1,), (-2,)):
+        m = activate_grasp_maps(model(x.flip(dims)))
+        for k in MAP_KEYS:
+            out[k] = out[k] + (-1 if k == "sin" else 1) * m[k].flip(dims)
+    return {k: v / 3 for k, v in out.items()}
 
 
 def check_grasp_model(name: str) -> None:
@@ -180,6 +233,12 @@ class GraspTask:
             )
         if cfg.data.output_size < 1:
             raise ValueError(f"data.output_size must be >= 1, got {cfg.data.output_size}")
+        if cfg.data.train_crop not in CROP_MODES:
+            raise ValueError(
+                f"data.train_crop must be one of {CROP_MODES}, got {cfg.data.train_crop!r}"
+            )
+        if cfg.data.folds and not 0 <= cfg.data.fold < cfg.data.folds:
+            raise ValueError(f"data.fold must be in [0, {cfg.data.folds}), got {cfg.data.fold}")
         if cfg.data.crop_size < 0:
             raise ValueError(
                 f"data.crop_size must be >= 0 (0: the shorter image side), got {cfg.data.crop_size}"
@@ -194,6 +253,7 @@ class GraspTask:
         self.batch_size = cfg.data.batch_size
         self.num_workers = cfg.data.num_workers
         self.split_name = ""
+        self.val_gt: GraspDataset | None = None
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         d = self.cfg.data
@@ -202,6 +262,7 @@ class GraspTask:
             aug = GraspAugment(
                 rotate=(-d.rotate, d.rotate),
                 zoom=d.zoom,
+                translate=d.translate,
                 color_jitter=d.color_jitter,
                 depth_noise=d.depth_noise,
                 seed=self.cfg.run.seed,
@@ -212,7 +273,10 @@ class GraspTask:
             split=d.split,
             train_frac=d.train_frac,
             seed=self.cfg.run.seed,
+            folds=d.folds,
+            fold=d.fold,
             augment=aug,
+            train_crop=d.train_crop,
             input=d.input,
             output_size=d.output_size,
             crop_size=d.crop_size or None,
@@ -220,6 +284,7 @@ class GraspTask:
             repeat=d.repeat,
             cache=d.cache,
         )
+        self.val_gt = val.recropped("grasps")
         model = build_grasp_model(self.cfg)
         meta = {
             "task": "grasp",
@@ -243,37 +308,53 @@ class GraspTask:
         maps = {k: v.to(device) for k, v in maps.items()}
         c = self.cfg.loss
         fn = _MAP_LOSSES[c.maps]
-        q = out["quality"].float()
-        loss = _bce(q, maps["quality"]) if c.quality == "bce" else fn(q, maps["quality"])
+        logits = {k: v.float() for k, v in out.items()}
+        act = activate_grasp_maps(logits)
+        if c.quality == "bce":
+            loss = F.binary_cross_entropy_with_logits(logits["quality"], maps["quality"])
+        else:
+            loss = fn(act["quality"], maps["quality"])
         mask = (maps["quality"] > 0).float() if c.geometry == "graspable" else None
         for k in ("cos", "sin", "width"):
             w = c.width_weight if k == "width" else 1.0
             if mask is None:
-                loss = loss + w * fn(out[k].float(), maps[k])
+                loss = loss + w * fn(act[k], maps[k])
             else:
-                err = fn(out[k].float(), maps[k], reduction="none")
+                err = fn(act[k], maps[k], reduction="none")
                 loss = loss + w * (err * mask).sum() / mask.sum().clamp(min=1)
         return loss, x.shape[0]
 
     def _decode_kw(self) -> dict[str, Any]:
-        return {
-            "width_scale": self.cfg.data.width_scale,
-            "min_distance": self.cfg.eval.min_distance,
-            "threshold": self.cfg.eval.threshold,
-        }
+        return self.cfg.eval.decode_kwargs(self.cfg.data.width_scale)
 
-    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device) -> dict:
-        hits = torch.zeros(3, dtype=torch.float64)  # top-1 correct, top-n correct, views
+    def _hits(self, model: nn.Module, loader: Any, device: torch.device) -> torch.Tensor:
+        """``[top-1 correct, top-n correct, views]`` over ``loader``, summed across ranks."""
+        hits = torch.zeros(3, dtype=torch.float64)
         n = self.cfg.eval.top_n
         for x, _, rects in loader:
-            out = {k: v.float().cpu() for k, v in model(x.to(device)).items()}
+            maps = grasp_maps(model, x.to(device), self.cfg.eval.flip_tta)
+            out = {k: v.float().cpu() for k, v in maps.items()}
             top1 = batch_grasp_correct(out, rects, top_n=1, **self._decode_kw())
             topn = batch_grasp_correct(out, rects, top_n=n, **self._decode_kw()) if n > 1 else top1
             hits += torch.tensor([sum(top1), sum(topn), len(rects)], dtype=torch.float64)
-        c1, cn, views = all_reduce_sum(hits).tolist()
+        return all_reduce_sum(hits)
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device) -> dict:
+        """``grasp_acc`` on the deployment (centre) crop, ``grasp_acc_gt_crop`` on GG-CNN's."""
+        c1, cn, views = self._hits(model, loader, device).tolist()
         metrics = {"grasp_acc": c1 / views}
-        if n > 1:
-            metrics[f"grasp_acc_top{n}"] = cn / views
+        if self.cfg.eval.top_n > 1:
+            metrics[f"grasp_acc_top{self.cfg.eval.top_n}"] = cn / views
+        if self.val_gt is not None:
+            # the same views and rank shards as ``loader``, cropped around the labels
+            gt_loader = DataLoader(
+                self.val_gt,
+                batch_sampler=loader.batch_sampler,
+                num_workers=loader.num_workers,
+                collate_fn=loader.collate_fn,
+            )
+            g1, _, g_views = self._hits(model, gt_loader, device).tolist()
+            metrics["grasp_acc_gt_crop"] = g1 / g_views
         return metrics
 
     def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
@@ -281,15 +362,25 @@ class GraspTask:
         device = next(model.parameters()).device
         x, _, rects = next(iter(loader))
         with torch.no_grad():
-            out = {k: v.float().cpu() for k, v in model.eval()(x.to(device)).items()}
+            maps = grasp_maps(model.eval(), x.to(device), self.cfg.eval.flip_tta)
+            out = {k: v.float().cpu() for k, v in maps.items()}
         for i in range(min(4, len(rects))):
-            maps = {k: out[k][i, 0].numpy() for k in MAP_KEYS}
-            preds = decode_grasps(**maps, num_grasps=1, **self._decode_kw())
+            view = {k: out[k][i, 0].numpy() for k in MAP_KEYS}
+            preds = decode_grasps(**view, num_grasps=1, **self._decode_kw())
             img = _display_image(x[i], self.cfg.data.input)
             draw_grasps(img, preds, rects[i], run_dir / f"val_overlay_{i}.png")
 
     def summary(self, metrics: dict[str, float]) -> str:
-        return f"grasp acc ({self.cfg.data.split}-wise, top-1): {metrics['grasp_acc']:.2f}"
+        """Two lines: the GG-CNN ground-truth-centred figure, then the headline (centre crop)."""
+        split = f"{self.cfg.data.split}-wise"
+        lines = []
+        if "grasp_acc_gt_crop" in metrics:
+            lines.append(
+                f"grasp acc ({split}, top-1, GG-CNN ground-truth-centred crop): "
+                f"{metrics['grasp_acc_gt_crop']:.2f}"
+            )
+        lines.append(f"grasp acc ({split}, top-1): {metrics['grasp_acc']:.2f}")
+        return "\n".join(lines)
 
 
 def _display_image(x: torch.Tensor, input_mode: str) -> np.ndarray:
@@ -301,29 +392,6 @@ def _display_image(x: torch.Tensor, input_mode: str) -> np.ndarray:
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     rgb = x[:3].permute(1, 2, 0).numpy() * std + mean
     return (rgb.clip(0, 1) * 255).astype(np.uint8)
-
-
-def draw_grasps(image: np.ndarray, preds: list, gt_rects: np.ndarray | None, path: Path) -> None:
-    """Predicted grasps in green (jaw plates thick), ground truth in red."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.imshow(image)
-    if gt_rects is not None:
-        for r in gt_rects:
-            ax.add_patch(plt.Polygon(r, closed=True, fill=False, ec="red", lw=1))
-    for g in preds:
-        c = g.corners()
-        ax.add_patch(plt.Polygon(c, closed=True, fill=False, ec="lime", lw=1.5))
-        for a, b in ((1, 2), (3, 0)):  # the plates: corners 1-2 and 3-0
-            ax.plot([c[a, 0], c[b, 0]], [c[a, 1], c[b, 1]], color="lime", lw=3)
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def restore_grasp_model(
@@ -344,52 +412,58 @@ def restore_grasp_model(
     return model.eval(), cfg
 
 
-def predict_grasps(
-    checkpoint: str | Path,
-    image: str | Path,
-    depth: str | Path | None = None,
-    top_n: int = 5,
-    use_ema: bool | None = None,
-) -> tuple[list, np.ndarray]:
-    """Top grasps on one raw view, in the view's own pixel coordinates.
+def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
+    """Train one model per fold of ``data.split`` and report every fold and ``mean ± std``.
 
-    The view gets the training preprocessing (centre square crop of ``crop_size``, resize,
-    normalisation, depth hole filling). Returns the grasps and the RGB (or depth) image.
+    Each fold runs in ``<cv dir>/fold<k>``, a full engine run of its own; ``cv.json`` in the
+    cv dir holds the per-fold figures and their mean and (population) std. The last line
+    printed is the headline, in the single-run format with ``mean ± std``.
+
+    Returns:
+        The ``cv.json`` content.
     """
-    from ..data.grasp import crop_resize, load_depth, load_rgb, output_to_crop, to_input
-    from ..grasp import Grasp
-    from .checkpoint import load_checkpoint
+    from ..config import apply_overrides
+    from .engine import Trainer, make_run_dir
 
-    model, cfg = restore_grasp_model(load_checkpoint(checkpoint), use_ema)
-    d = cfg.data
-    rgb = load_rgb(image) if d.input != "depth" else None
-    dep = None
-    if d.input != "rgb":
-        if depth is None:
-            raise ValueError(f"the model takes input={d.input!r}: pass --depth with a depth file")
-        dep = load_depth(depth)
-    shown = rgb if rgb is not None else load_rgb(image)
-    H, W = shown.shape[:2]
-    if dep is not None and dep.shape != (H, W):
-        raise ValueError(f"depth {dep.shape} does not match image {(H, W)}: {depth}")
-    crop = min(d.crop_size or min(H, W), H, W)
-    box = ((W - crop) // 2, (H - crop) // 2, crop)
-    rgb_c, dep_c = crop_resize(rgb, dep, box, d.output_size)
-    with torch.no_grad():
-        out = model(to_input(rgb_c, dep_c)[None])
-    maps = {k: out[k][0, 0].float().numpy() for k in MAP_KEYS}
-    preds = decode_grasps(
-        **maps,
-        num_grasps=top_n,
-        width_scale=d.width_scale,
-        min_distance=cfg.eval.min_distance,
-        threshold=cfg.eval.threshold,
-    )
-    scale = crop / d.output_size
-    grasps = []
-    for g in preds:
-        ((x, y),) = output_to_crop(np.array([[g.x, g.y]], np.float32), box, d.output_size)
-        grasps.append(
-            Grasp(float(x), float(y), g.angle, g.opening * scale, g.jaw * scale, g.quality)
+    if folds < 2:
+        raise ValueError(f"--folds must be >= 2, got {folds}")
+    cv_dir = make_run_dir(cfg.run.out_dir, f"{cfg.model.name}-cv{folds}")
+    split = f"{cfg.data.split}-wise"
+    keys = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
+    rows: list[dict[str, Any]] = []
+    for k in range(folds):
+        fold_cfg = apply_overrides(cfg, {"data.folds": folds, "data.fold": k})
+        task = GraspTask(fold_cfg)
+        t0 = time.perf_counter()
+        trainer = Trainer(fold_cfg, task, run_dir=cv_dir / f"fold{k + 1}")
+        metrics = trainer.shipped_metrics(trainer.fit())
+        rows.append(
+            {
+                "fold": k + 1,
+                "split": task.split_name,
+                "val_ids": list(trainer.val_ds.ids),
+                "train_time_s": round(time.perf_counter() - t0, 1),
+                **{m: metrics[m] for m in keys},
+            }
         )
-    return grasps, shown
+    result: dict[str, Any] = {
+        "model": cfg.model.name,
+        "split": split,
+        "folds": rows,
+        "config": config_to_dict(cfg),
+    }
+    for m in keys:
+        values = np.array([r[m] for r in rows])
+        result[m] = {"mean": float(values.mean()), "std": float(values.std())}
+    (cv_dir / "cv.json").write_text(json.dumps(result, indent=2))
+    for r in rows:
+        print(
+            f"fold {r['fold']}/{folds}: grasp acc ({split}, top-1): {r['grasp_acc']:.2f} | "
+            f"GG-CNN ground-truth-centred crop: {r['grasp_acc_gt_crop']:.2f} "
+            f"({r['train_time_s'] / 60:.1f} min)"
+        )
+    print(f"cv dir {cv_dir}")
+    for m, label in reversed(keys.items()):
+        s = result[m]
+        print(f"grasp acc ({split} {folds}-fold, top-1{label}): {s['mean']:.2f} ± {s['std']:.2f}")
+    return result

@@ -1,0 +1,76 @@
+"""Cornell and Jacquard grasp data: annotations and splits, images and augmentation, the Dataset.
+
+- :mod:`.annotations`: annotation parsers, view discovery, train/val splits and k folds;
+- :mod:`.images`: decoding, depth hole filling and normalisation, crops, augmentation;
+- :mod:`.dataset`: :class:`GraspDataset` (views -> input, maps, rects) and its builder.
+"""
+
+from .annotations import (
+    GraspDataError,
+    GraspView,
+    Split,
+    corners_to_jacquard,
+    find_cornell_views,
+    find_jacquard_views,
+    jacquard_to_corners,
+    kfold_splits,
+    read_cornell_rects,
+    read_jacquard_grasps,
+    split_ids,
+)
+from .dataset import (
+    CROP_MODES,
+    CornellGrasp,
+    GraspDataset,
+    JacquardGrasp,
+    build_grasp_datasets,
+    grasp_collate,
+)
+from .images import (
+    DEPTH_CLIP,
+    RGB_MEAN,
+    RGB_STD,
+    GraspAugment,
+    crop_box,
+    crop_resize,
+    crop_to_output,
+    fill_depth_holes,
+    load_depth,
+    load_rgb,
+    normalise_depth,
+    output_to_crop,
+    to_input,
+)
+
+__all__ = [
+    "CROP_MODES",
+    "DEPTH_CLIP",
+    "RGB_MEAN",
+    "RGB_STD",
+    "CornellGrasp",
+    "GraspAugment",
+    "GraspDataError",
+    "GraspDataset",
+    "GraspView",
+    "JacquardGrasp",
+    "Split",
+    "build_grasp_datasets",
+    "corners_to_jacquard",
+    "crop_box",
+    "crop_resize",
+    "crop_to_output",
+    "fill_depth_holes",
+    "find_cornell_views",
+    "find_jacquard_views",
+    "grasp_collate",
+    "jacquard_to_corners",
+    "kfold_splits",
+    "load_depth",
+    "load_rgb",
+    "normalise_depth",
+    "output_to_crop",
+    "read_cornell_rects",
+    "read_jacquard_grasps",
+    "split_ids",
+    "to_input",
+]

@@ -1,0 +1,298 @@
+"""Grasp annotations: Cornell and Jacquard parsers, view discovery and train/val splits.
+
+Bad data policy: a Cornell rectangle holding NaN values (a quirk of the real files) is skipped
+and counted; every other problem (empty file, line count not a multiple of 4, wrong number of
+fields, other non-numeric text, missing file, no views) raises a one-line error naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+import numpy as np
+
+from vision_tfm.grasp.rect import corners_to_params, params_to_corners
+
+
+class GraspDataError(ValueError):
+    """Malformed grasp data; the message starts with the offending file."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Annotation files
+# ---------------------------------------------------------------------------------------------
+
+
+def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
+    """Read a Cornell ``pcdXXXXcpos.txt``: 4 lines of ``x y`` per rectangle.
+
+    Blank lines and trailing spaces are ignored. Rectangles holding NaN values (a known Cornell
+    quirk) are dropped and counted; any other non-numeric text is an error.
+
+    Returns:
+        ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of dropped rectangles.
+
+    Raises:
+        GraspDataError: Empty file, a line without exactly two numbers (naming file and line), a
+            line count that is not a multiple of 4, or no valid rectangle left.
+    """
+    path = Path(path)
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise GraspDataError(f"{path}:{lineno}: expected 'x y', got {line.strip()!r}")
+        rows.append(_numbers(fields, path, lineno, line))
+    if not rows:
+        raise GraspDataError(f"{path}: empty annotation file")
+    if len(rows) % 4:
+        raise GraspDataError(f"{path}: {len(rows)} corner lines, not a multiple of 4")
+    rects = np.array(rows, dtype=np.float64).reshape(-1, 4, 2)
+    valid = np.isfinite(rects).all(axis=(1, 2))
+    if not valid.any():
+        raise GraspDataError(f"{path}: no rectangle without NaN values")
+    return rects[valid].astype(np.float32), int((~valid).sum())
+
+
+def _numbers(fields: list[str], path: Path, lineno: int, line: str) -> list[float]:
+    """Parse one annotation line; a literal NaN parses (callers decide), free text is an error."""
+    try:
+        return [float(f) for f in fields]
+    except ValueError:
+        raise GraspDataError(f"{path}:{lineno}: non-numeric field in {line.strip()!r}") from None
+
+
+def read_jacquard_grasps(path: str | Path) -> np.ndarray:
+    """Read a Jacquard ``*_grasps.txt``: ``x;y;theta_deg;opening;jaw`` per line (CRLF tolerated).
+
+    Exact duplicate rows are removed, keeping file order. Rows that differ only in the jaw size
+    are distinct rectangles and are kept.
+
+    Returns:
+        float64 ``(K, 5)`` rows in Jacquard's own units (see :func:`jacquard_to_corners`).
+
+    Raises:
+        GraspDataError: A line without 5 numeric fields (naming file and line) or no grasp at all.
+    """
+    path = Path(path)
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = line.strip().split(";")
+        if len(fields) != 5:
+            raise GraspDataError(
+                f"{path}:{lineno}: expected 5 ';'-separated fields (x;y;theta;opening;jaw), "
+                f"got {len(fields)}"
+            )
+        rows.append(_numbers(fields, path, lineno, line))
+    if not rows:
+        raise GraspDataError(f"{path}: empty annotation file")
+    _, first = np.unique(np.array(rows), axis=0, return_index=True)
+    return np.array(rows)[np.sort(first)]
+
+
+def jacquard_to_corners(grasps: np.ndarray) -> np.ndarray:
+    """Convert Jacquard rows ``(x, y, theta_deg, opening, jaw)`` into ``(K, 4, 2)`` corners.
+
+    Jacquard measures theta in degrees clockwise as seen on screen (the opening points along
+    ``(cos t, sin t)`` with y down), so our angle is ``-radians(theta)``; the opening becomes
+    corner 0 -> 1. Checked on the samples: the plates then straddle the object (GG-CNN negates too).
+    """
+    grasps = np.asarray(grasps, dtype=np.float64).reshape(-1, 5)
+    params = grasps.copy()
+    params[:, 2] = -np.radians(grasps[:, 2])
+    return params_to_corners(params).astype(np.float32)
+
+
+def corners_to_jacquard(corners: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`jacquard_to_corners`; theta comes back in ``(-90, 90]`` degrees."""
+    params = corners_to_params(np.asarray(corners).reshape(-1, 4, 2))
+    params[:, 2] = -np.degrees(params[:, 2])
+    return params
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding views
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraspView:
+    """One annotated view: file paths and ground truth in source-image pixels.
+
+    Attributes:
+        view_id: Unique id, e.g. ``pcd0100`` or ``<object>_<view>`` for Jacquard.
+        object_id: Object the view shows (the view id for Cornell, which has no object labels).
+        rgb_path: Colour image.
+        depth_path: Float32 depth TIFF in metres, or None when absent.
+        rects: float32 ``(K, 4, 2)`` corners.
+    """
+
+    view_id: str
+    object_id: str
+    rgb_path: Path
+    depth_path: Path | None
+    rects: np.ndarray
+
+
+def _existing(path: Path) -> Path | None:
+    return path if path.is_file() else None
+
+
+def _required(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing {what}")
+    return path
+
+
+def find_cornell_views(root: str | Path) -> tuple[list[GraspView], int]:
+    """Find ``pcdXXXXr.png`` views under ``root/*/`` or directly in ``root``.
+
+    Returns:
+        ``(views sorted by id, rectangles skipped for NaN values)``.
+
+    Raises:
+        FileNotFoundError: No view under ``root``, or a view without its ``cpos.txt``.
+    """
+    root = Path(root)
+    images = sorted([*root.glob("pcd*r.png"), *root.glob("*/pcd*r.png")], key=lambda p: p.name)
+    if not images:
+        raise FileNotFoundError(f"{root}: no Cornell views (pcdXXXXr.png) here or one level down")
+    views, skipped = [], 0
+    for rgb in images:
+        view_id = rgb.name[: -len("r.png")]
+        rects, n = read_cornell_rects(_required(rgb.with_name(f"{view_id}cpos.txt"), "annotations"))
+        depth = _existing(rgb.with_name(f"{view_id}d.tiff"))
+        views.append(GraspView(view_id, view_id, rgb, depth, rects))
+        skipped += n
+    return views, skipped
+
+
+def find_jacquard_views(root: str | Path) -> list[GraspView]:
+    """Find ``<object>/<view>_<object>_RGB.png`` views anywhere under ``root``, sorted by object.
+
+    Raises:
+        FileNotFoundError: No view under ``root``, or a view without its ``_grasps.txt``.
+    """
+    root = Path(root)
+    images = sorted(root.rglob("*_RGB.png"))
+    if not images:
+        raise FileNotFoundError(f"{root}: no Jacquard views (*_RGB.png) found")
+    views = []
+    for rgb in images:
+        stem = rgb.name[: -len("_RGB.png")]
+        view, _, obj = stem.partition("_")
+        grasps = read_jacquard_grasps(_required(rgb.with_name(f"{stem}_grasps.txt"), "grasps"))
+        depth = _existing(rgb.with_name(f"{stem}_perfect_depth.tiff"))
+        views.append(GraspView(f"{obj}_{view}", obj, rgb, depth, jacquard_to_corners(grasps)))
+    return sorted(views, key=lambda v: v.view_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits
+# ---------------------------------------------------------------------------------------------
+
+
+class Split(NamedTuple):
+    """Train and validation view ids plus a name to print beside every reported figure."""
+
+    train: list[str]
+    val: list[str]
+    name: str
+
+
+def split_ids(
+    ids: Sequence[str],
+    split: Literal["image", "object"] = "image",
+    train_frac: float = 0.8,
+    seed: int = 0,
+    groups: Sequence[str] | None = None,
+) -> Split:
+    """Split view ids into train and validation sets.
+
+    ``"image"`` shuffles the views with ``seed``; ``"object"`` takes consecutive sorted ids, which
+    is roughly object-wise on Cornell (an object fills several consecutive views). When ``groups``
+    (one object id per view) is given, the object cut moves forward to the next object boundary
+    so no object straddles the two sets.
+
+    Returns:
+        ``Split(train, val, name)``, e.g. 56/14 ids for 70 views at 0.8.
+    """
+    ids = list(ids)
+    if len(ids) < 2:
+        raise ValueError(f"need at least 2 views to split, got {len(ids)}")
+    if not 0 < train_frac < 1:
+        raise ValueError(f"train_frac must be in (0, 1), got {train_frac}")
+    n_train = min(max(round(train_frac * len(ids)), 1), len(ids) - 1)
+    if split == "image":
+        order = np.random.default_rng(seed).permutation(len(ids))
+        train = sorted(ids[i] for i in order[:n_train])
+        val = sorted(ids[i] for i in order[n_train:])
+        how = f"image-wise (shuffled, seed {seed})"
+    elif split == "object":
+        order = np.argsort(ids, kind="stable")
+        ordered = [ids[i] for i in order]
+        if groups is not None:
+            group = [groups[i] for i in order]
+            while n_train < len(ids) - 1 and group[n_train] == group[n_train - 1]:
+                n_train += 1
+        train, val = ordered[:n_train], ordered[n_train:]
+        how = "object-wise (consecutive ids)"
+    else:
+        raise ValueError(f"split must be 'image' or 'object', got {split!r}")
+    return Split(train, val, f"{how} {len(train)} train / {len(val)} val")
+
+
+def kfold_splits(
+    ids: Sequence[str],
+    folds: int,
+    split: Literal["image", "object"] = "image",
+    seed: int = 0,
+    groups: Sequence[str] | None = None,
+) -> list[Split]:
+    """Cut the views into ``folds`` disjoint validation sets that together cover every view.
+
+    ``"image"`` shuffles the views with ``seed`` and deals them into near-equal folds;
+    ``"object"`` cuts the sorted ids into consecutive blocks (roughly object-wise on Cornell,
+    whose objects fill consecutive views), and with ``groups`` (one object id per view) moves
+    each cut forward to the next object boundary so no object is in two folds.
+
+    Returns:
+        One ``Split(train, val, name)`` per fold; fold ``i`` validates on block ``i``.
+    """
+    ids = list(ids)
+    if folds < 2 or folds > len(ids):
+        raise ValueError(f"folds must be in [2, {len(ids)}] for {len(ids)} views, got {folds}")
+    if split == "image":
+        order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+        cuts = [round(i * len(ids) / folds) for i in range(folds + 1)]
+        how = f"image-wise (shuffled, seed {seed})"
+    elif split == "object":
+        order = sorted(ids)
+        group = [groups[ids.index(i)] for i in order] if groups is not None else order
+        cuts = [0]
+        for i in range(1, folds):
+            c = max(round(i * len(ids) / folds), cuts[-1] + 1)
+            while c < len(ids) and group[c] == group[c - 1]:
+                c += 1
+            cuts.append(c)
+        cuts.append(len(ids))
+        if any(b <= a for a, b in pairwise(cuts)):
+            raise ValueError(f"{len(set(group))} objects cannot fill {folds} object-wise folds")
+        how = "object-wise (consecutive ids)"
+    else:
+        raise ValueError(f"split must be 'image' or 'object', got {split!r}")
+    out = []
+    for k in range(folds):
+        val = sorted(order[cuts[k] : cuts[k + 1]])
+        train = sorted(order[: cuts[k]] + order[cuts[k + 1] :])
+        name = f"{how} fold {k + 1}/{folds}: {len(train)} train / {len(val)} val"
+        out.append(Split(train, val, name))
+    return out

@@ -1,0 +1,353 @@
+"""The grasp Dataset: views -> ``(input, maps, rects)``, and the train/val builder.
+
+Pipeline of one item (``GraspDataset.__getitem__``):
+
+1. Load RGB (Pillow) and/or depth (float32 metres, Pillow; Jacquard's TIFFs are LZW).
+2. Cut a ``crop_size`` square, shifted to stay inside the image, and resize it to
+   ``output_size``. Where it sits is ``crop``: ``"centre"`` (the image centre, what
+   :func:`vision_tfm.grasp.predict_grasps` and any deployed model see) or ``"grasps"`` (the
+   mean of the view's ground-truth corners, GG-CNN's Cornell protocol: it uses the labels, so
+   it only serves training and the paper-comparable figure). Jacquard crops default to the
+   whole (square) image, where both are the same.
+3. Depth: fill holes, subtract the crop's mean and clip (:mod:`.images`).
+4. Optional :class:`GraspAugment` (albumentations; corners ride along as keypoints).
+5. Encode the rectangles into ``quality, cos, sin, width`` maps (:mod:`vision_tfm.grasp.maps`).
+
+The input tensor is ``(C, S, S)`` float32: channels ``R, G, B`` (ImageNet mean/std), ``D`` or
+``R, G, B, D``. Rectangles follow :mod:`vision_tfm.grasp.rect` (pixel centres at integer
+coordinates, opening along corner 0 -> 1).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, encode_grasp_maps
+
+from .annotations import (
+    GraspDataError,
+    GraspView,
+    find_cornell_views,
+    find_jacquard_views,
+    kfold_splits,
+    split_ids,
+)
+from .images import (
+    DEPTH_CLIP,
+    GraspAugment,
+    crop_box,
+    crop_resize,
+    crop_to_output,
+    load_depth,
+    load_rgb,
+    to_input,
+)
+
+InputMode = Literal["rgb", "depth", "rgbd"]
+CropMode = Literal["centre", "grasps"]
+CROP_MODES = ("centre", "grasps")
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------------
+
+
+class GraspDataset(Dataset):
+    """Views -> ``(input, maps, rects)``; see the module docstring for the pipeline.
+
+    Items:
+        input: float32 ``(C, S, S)``, C = 3 (rgb), 1 (depth) or 4 (rgbd, depth last).
+        maps: dict ``quality, cos, sin, width`` of float32 ``(1, S, S)`` tensors.
+        rects: float32 numpy ``(K, 4, 2)`` ground-truth corners in output pixels, for the metric.
+    """
+
+    def __init__(
+        self,
+        views: Sequence[GraspView],
+        *,
+        input: InputMode = "rgbd",
+        output_size: int = 224,
+        crop_size: int | None = None,
+        crop: CropMode = "centre",
+        augment: GraspAugment | None = None,
+        width_scale: float = WIDTH_SCALE,
+        depth_clip: float = DEPTH_CLIP,
+        repeat: int = 1,
+        cache: bool = False,
+    ) -> None:
+        """Wrap already-discovered views.
+
+        Args:
+            views: Views to serve, in order.
+            input: Which channels to feed the model.
+            output_size: Side S of the square model input and maps.
+            crop_size: Side of the square crop; None means the shorter image side.
+            crop: Where the crop sits: ``"centre"`` of the image (deployment) or on the mean of
+                the ground-truth ``"grasps"`` (GG-CNN; training and paper comparison only).
+            augment: Applied after crop and resize (pass one only for training).
+            width_scale: Width-map normaliser; must match decoding.
+            depth_clip: See :func:`normalise_depth`.
+            repeat: Serve every view this many times per pass (each with its own augmentation),
+                so a tiny training set still gives an epoch enough steps.
+            cache: Keep every view's decoded crop in memory (~0.8 MB per view at 224 RGB-D):
+                decoding and depth inpainting are most of an item's cost. For small datasets.
+
+        Raises:
+            FileNotFoundError: ``input`` needs depth and a view has no depth file.
+        """
+        if input not in ("rgb", "depth", "rgbd"):
+            raise ValueError(f"input must be 'rgb', 'depth' or 'rgbd', got {input!r}")
+        if repeat < 1:
+            raise ValueError(f"repeat must be >= 1, got {repeat}")
+        if output_size < 1:
+            raise ValueError(f"output_size must be >= 1, got {output_size}")
+        if crop_size is not None and crop_size < 0:
+            raise ValueError(
+                f"crop_size must be >= 0 (0 or None: the shorter side), got {crop_size}"
+            )
+        if crop not in CROP_MODES:
+            raise ValueError(f"crop must be one of {CROP_MODES}, got {crop!r}")
+        if input != "rgb":
+            for v in views:
+                if v.depth_path is None:
+                    raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
+        if crop_size:
+            for v in views:  # header only: fail before a run starts, not at the first batch
+                path = v.rgb_path if input != "depth" else v.depth_path
+                with Image.open(path) as im:
+                    w, h = im.size
+                if crop_size > min(w, h):
+                    raise GraspDataError(
+                        f"{path}: image {w}x{h} is smaller than the {crop_size}x{crop_size} crop"
+                    )
+        self.views = list(views)
+        self.input = input
+        self.output_size = output_size
+        self.crop_size = crop_size
+        self.crop = crop
+        self.augment = augment
+        self.width_scale = width_scale
+        self.depth_clip = depth_clip
+        self.repeat = repeat
+        self.cache: dict[int, tuple] | None = {} if cache else None
+
+    def recropped(self, crop: CropMode) -> GraspDataset:
+        """The same views with another crop and no augmentation (e.g. the GG-CNN figure)."""
+        opts = {**_options(self), "crop": crop}
+        return GraspDataset(self.views, **opts, cache=self.cache is not None)
+
+    @property
+    def ids(self) -> list[str]:
+        """View ids in item order."""
+        return [v.view_id for v in self.views]
+
+    @property
+    def in_chans(self) -> int:
+        """Channels of the input tensor."""
+        return {"rgb": 3, "depth": 1, "rgbd": 4}[self.input]
+
+    def __len__(self) -> int:
+        return len(self.views) * self.repeat
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"view index {index} out of range for {len(self)} items")
+        i = index % len(self.views)
+        if self.cache is not None and i in self.cache:
+            rgb, depth, rects = self.cache[i]
+        else:
+            rgb, depth, rects = self._load(self.views[i])
+            if self.cache is not None:
+                self.cache[i] = (rgb, depth, rects)
+        if self.augment is not None:
+            rgb, depth, rects = self.augment(rgb, depth, rects)
+        S = self.output_size
+        maps = encode_grasp_maps(rects, (S, S), width_scale=self.width_scale)
+        targets = {k: torch.from_numpy(maps[k][None]) for k in MAP_KEYS}
+        return to_input(rgb, depth), targets, rects
+
+    def _load(self, view: GraspView) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+        """Decode one view and cut its crop: ``(rgb, depth, rects)`` at the output size."""
+        rgb = load_rgb(view.rgb_path) if self.input != "depth" else None
+        depth = load_depth(view.depth_path) if self.input != "rgb" else None
+        if rgb is not None and depth is not None and rgb.shape[:2] != depth.shape:
+            raise GraspDataError(
+                f"{view.depth_path}: depth {depth.shape} does not match RGB {rgb.shape[:2]}"
+            )
+        H, W = (rgb if rgb is not None else depth).shape[:2]
+        crop = self.crop_size or min(H, W)
+        if crop > min(H, W):
+            raise GraspDataError(
+                f"{view.rgb_path}: image {W}x{H} is smaller than the {crop}x{crop} crop"
+            )
+        centre = view.rects.reshape(-1, 2).mean(axis=0) if self.crop == "grasps" else None
+        box = crop_box((H, W), crop, centre)
+        S = self.output_size
+        rgb, depth = crop_resize(rgb, depth, box, S, self.depth_clip)
+        return rgb, depth, crop_to_output(view.rects, box, S)
+
+
+def _depth_name(view: GraspView) -> Path:
+    """The depth file a view would need (for error messages)."""
+    name = view.rgb_path.name
+    if name.endswith("_RGB.png"):
+        return view.rgb_path.with_name(name[: -len("_RGB.png")] + "_perfect_depth.tiff")
+    return view.rgb_path.with_name(name[: -len("r.png")] + "d.tiff")
+
+
+def _select(views: list[GraspView], ids: Sequence[str] | None) -> list[GraspView]:
+    """Keep ``ids`` (in the given order) or all views; unknown ids are an error."""
+    if ids is None:
+        return views
+    by_id = {v.view_id: v for v in views}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise KeyError(f"unknown view ids: {missing[:5]}")
+    return [by_id[i] for i in ids]
+
+
+class CornellGrasp(GraspDataset):
+    """Cornell grasping dataset (positive rectangles only), GG-CNN-style 300-pixel crop."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        ids: Sequence[str] | None = None,
+        crop_size: int = 300,
+        **kwargs: Any,
+    ) -> None:
+        """Discover views under ``root`` (``root/*/pcdXXXX*`` or ``root/pcdXXXX*``).
+
+        Args:
+            root: Dataset folder.
+            ids: Subset of view ids (e.g. from :func:`split_ids`); None keeps all.
+            crop_size: Side of the crop around the grasps before resizing.
+            **kwargs: :class:`GraspDataset` options (``input``, ``output_size``, ``augment`` ...).
+        """
+        views, self.skipped_rects = find_cornell_views(root)
+        if self.skipped_rects:
+            warnings.warn(
+                f"{root}: skipped {self.skipped_rects} Cornell rectangles with NaN values",
+                stacklevel=2,
+            )
+        super().__init__(_select(views, ids), crop_size=crop_size, **kwargs)
+
+
+class JacquardGrasp(GraspDataset):
+    """Jacquard dataset (``*_RGB.png``, ``*_perfect_depth.tiff``, ``*_grasps.txt``)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        ids: Sequence[str] | None = None,
+        crop_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Discover views anywhere under ``root``.
+
+        Args:
+            root: Dataset folder (one sub-folder per object).
+            ids: Subset of view ids ``<object>_<view>``; None keeps all.
+            crop_size: Crop side; None keeps the whole square image.
+            **kwargs: :class:`GraspDataset` options.
+        """
+        super().__init__(_select(find_jacquard_views(root), ids), crop_size=crop_size, **kwargs)
+
+
+def grasp_collate(
+    batch: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[np.ndarray]]:
+    """Stack inputs and maps; keep the per-view rectangles as a list since K varies.
+
+    Returns:
+        ``(inputs (B, C, S, S), {key: (B, 1, S, S)}, [rects (K_i, 4, 2)])``.
+    """
+    inputs = torch.stack([item[0] for item in batch])
+    maps = {k: torch.stack([item[1][k] for item in batch]) for k in MAP_KEYS}
+    return inputs, maps, [item[2] for item in batch]
+
+
+def build_grasp_datasets(
+    name: Literal["cornell", "jacquard"],
+    root: str | Path,
+    *,
+    split: Literal["image", "object"] = "image",
+    train_frac: float = 0.8,
+    seed: int = 0,
+    folds: int = 0,
+    fold: int = 0,
+    augment: GraspAugment | bool = True,
+    train_crop: CropMode = "centre",
+    repeat: int = 1,
+    cache: bool = False,
+    **kwargs: Any,
+) -> tuple[GraspDataset, GraspDataset, str]:
+    """Build the train and validation datasets of one split (or one fold of k).
+
+    Validation always crops at the image centre, as deployment does; ``train_crop`` may use
+    the labels, since augmentation then moves the objects about anyway.
+
+    Args:
+        name: ``"cornell"`` or ``"jacquard"``.
+        root: Dataset folder.
+        split: ``"image"`` (shuffled) or ``"object"`` (consecutive ids / whole objects).
+        train_frac: Share of views for training.
+        seed: Shuffle seed of the image-wise split.
+        folds: Cross-validation folds (:func:`kfold_splits`); 0 uses ``train_frac`` instead.
+        fold: Which fold validates (0-based) when ``folds`` > 0.
+        augment: True for the default :class:`GraspAugment`, False for none, or an instance;
+            applied to the training set only.
+        train_crop: Crop of the training views (``"grasps"`` or ``"centre"``).
+        repeat: Passes over the training views per epoch (see :class:`GraspDataset`).
+        cache: Keep decoded crops in memory, both splits (see :class:`GraspDataset`).
+        **kwargs: Dataset options (``input``, ``output_size``, ``crop_size``, ``width_scale``);
+            ``crop`` is set per split, not here.
+
+    Returns:
+        ``(train, val, split_name)``; print ``split_name`` beside every reported figure.
+    """
+    classes = {"cornell": CornellGrasp, "jacquard": JacquardGrasp}
+    if name not in classes:
+        raise ValueError(f"unknown grasp dataset {name!r}; expected one of {sorted(classes)}")
+    cls = classes[name]
+    full = cls(root, **kwargs, crop="centre")
+    groups = [v.object_id for v in full.views]
+    if folds:
+        if not 0 <= fold < folds:
+            raise ValueError(f"fold must be in [0, {folds}), got {fold}")
+        train_ids, val_ids, how = kfold_splits(full.ids, folds, split, seed, groups)[fold]
+    else:
+        train_ids, val_ids, how = split_ids(full.ids, split, train_frac, seed, groups=groups)
+    if augment is True:
+        augment = GraspAugment()
+    train = GraspDataset(
+        _select(full.views, train_ids),
+        **{**_options(full), "crop": train_crop},
+        augment=augment or None,
+        repeat=repeat,
+        cache=cache,
+    )
+    val = GraspDataset(_select(full.views, val_ids), **_options(full), cache=cache)
+    return train, val, f"{name} {how}"
+
+
+def _options(ds: GraspDataset) -> dict[str, Any]:
+    """Constructor options of a dataset, to derive subsets without re-reading annotations."""
+    return {
+        "input": ds.input,
+        "output_size": ds.output_size,
+        "crop_size": ds.crop_size,
+        "crop": ds.crop,
+        "width_scale": ds.width_scale,
+        "depth_clip": ds.depth_clip,
+    }
