@@ -78,7 +78,13 @@ class ClsTransform:
         self.reseed(self._seed)
 
     def reseed(self, seed: int) -> None:
-        """Restart the augmentation stream (the engine does this per epoch for exact resume)."""
+        """Restart the augmentation stream (the engine does this per item, for exact resume).
+
+        Inside a worker this replaces the worker's own seeding, which would otherwise follow.
+        """
+        worker = get_worker_info()
+        if worker is not None:
+            self._seed = worker.seed
         # One shared stream for all ops; Compose(seed=...) would give each op the same stream.
         self.pipeline.set_random_state(np.random.default_rng(seed), random.Random(seed))
 
