@@ -544,3 +544,22 @@ def test_mid_epoch_stop_and_crash_resume_exactly_and_log_each_step_once(tmp_path
     steps = (resumed.run_dir / "steps.csv").read_text()
     assert steps == (full.run_dir / "steps.csv").read_text()  # no duplicate rows
     assert len(steps.splitlines()) == 1 + 4
+
+
+def test_an_items_augmentation_depends_on_its_epoch_and_index_only():
+    """Not on what was drawn before, nor on the DataLoader worker (which seeds itself)."""
+    from torch.utils.data import DataLoader
+
+    from vision_tfm.train.engine import _SeededItems
+
+    cfg = apply_overrides(ClsConfig(), {**TINY, "aug.random_erasing": 0.5})
+    _, train, _, _ = ClassificationTask(cfg).build()
+    items = _SeededItems(train, seed=3)
+    keys = [(0, 5), (0, 7), (1, 5)]
+    here = [items[k][0] for k in keys]
+    assert not torch.equal(here[0], here[2])  # another epoch, another augmentation
+    items[(0, 9)]
+    assert torch.equal(items[(0, 5)][0], here[0])  # whatever was drawn in between
+    loader = DataLoader(items, batch_size=None, sampler=keys, num_workers=1)
+    for got, want in zip(loader, here):
+        assert torch.equal(got[0], want)
