@@ -218,7 +218,6 @@ def test_optimize_for_inference_rejects_bad_arguments(model, kw, err, msg):
     assert "\n" not in str(e.value)
 
 
-
 def test_swin_mask_caches_stay_bounded_over_many_input_sizes():
     """Masks (shared by all blocks) and frozen bias+mask sums (per block) are LRU-bounded."""
     from vision_tfm.models import swin
