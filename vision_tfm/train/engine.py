@@ -131,8 +131,14 @@ def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed torch, numpy and Python RNGs."""
-    torch.manual_seed(seed)
+    """Seed torch (CPU, and CUDA once in use), numpy and Python RNGs.
+
+    Cheap enough to run per item and per step: ``torch.manual_seed`` would also queue a lazy
+    CUDA seeding, which records a stack trace every call.
+    """
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
 
