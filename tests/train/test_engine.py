@@ -1,5 +1,6 @@
 """The training engine: exact resume, interrupts, NaN guard, run dirs, CLI errors, DDP."""
 
+import itertools
 import os
 import re
 import signal
@@ -494,11 +495,15 @@ def test_vtfm_attention_out_names_the_file_it_writes(digit_ckpt, tmp_path, capsy
 
 
 class _FaultTask(ClassificationTask):
-    """Ctrl-C (SIGINT to itself) or a crash (as SIGKILL would leave things) at a given call."""
+    """Ctrl-C (SIGINT to itself) or a crash (as SIGKILL would leave things) at a given call;
+    validates on the first two batches only, to keep the test short."""
 
-    def __init__(self, cfg, at, fault):
+    def __init__(self, cfg, at=0, fault=""):
         super().__init__(cfg)
         self.calls, self.at, self.fault = 0, at, fault
+
+    def evaluate(self, model, loader, device):
+        return super().evaluate(model, list(itertools.islice(loader, 2)), device)
 
     def loss(self, model, batch, device):
         self.calls += 1
@@ -520,7 +525,9 @@ def test_mid_epoch_stop_and_crash_resume_exactly_and_log_each_step_once(tmp_path
     # one epoch of 10 batches in accumulation groups of 3, 3, 3 and a trailing 1
     kw = {"data.batch_size": 24, "optim.accum_steps": 3, "run.log_interval": 1}
     kw["sched.epochs"] = 1
-    full, _ = run(tiny_cfg(tmp_path / "a", **kw))
+    cfg = tiny_cfg(tmp_path / "a", **kw)
+    full = Trainer(cfg, _FaultTask(cfg))
+    full.fit()
     assert full.state.num_updates == 4  # the trailing micro-batch is stepped, not dropped
     cfg = tiny_cfg(tmp_path / "b", **kw)
     stopped = Trainer(cfg, _FaultTask(cfg, at=2, fault="sigint"))
@@ -530,11 +537,19 @@ def test_mid_epoch_stop_and_crash_resume_exactly_and_log_each_step_once(tmp_path
     state = load_checkpoint(last)["state"]
     assert (state["epoch"], state["step_in_epoch"], state["num_updates"]) == (0, 3, 1)
     assert state["loss_count"] == 3  # the partial epoch's losses travel with it
+    elsewhere = tmp_path / "c" / "last.pt"  # stopped mid-epoch under another process count
+    elsewhere.parent.mkdir()
+    ck = load_checkpoint(last)
+    atomic_save({**ck, "state": {**ck["state"], "world_size": 2}}, elsewhere)
+    with pytest.raises(ValueError, match="mid-epoch under 2 process"):
+        Trainer(cfg, ClassificationTask(cfg), resume=elsewhere).fit()
+    assert sorted(p.name for p in elsewhere.parent.iterdir()) == ["last.pt"]
     crashed = Trainer(cfg, _FaultTask(cfg, at=5, fault="crash"), resume=last)
     with pytest.raises(RuntimeError, match="killed"):  # dies past update 2, as SIGKILL would
         crashed.fit()
     assert "\n2," in (stopped.run_dir / "steps.csv").read_text()  # a row past last.pt
-    resumed, _ = run(cfg, resume=last)
+    resumed = Trainer(cfg, _FaultTask(cfg), resume=last)
+    resumed.fit()
     a, b = full.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after a mid-epoch resume"

@@ -224,7 +224,7 @@ def test_view_cache_in_dataloader_workers_survives_epochs(tmp_path, monkeypatch)
         return decode(self, view)
 
     monkeypatch.setattr(GraspDataset, "_load", counted)
-    over = {"data.cache": True, "data.num_workers": 1, "data.repeat": 2, "sched.epochs": 3}
+    over = {"data.cache": True, "data.num_workers": 1, "data.repeat": 2, "sched.epochs": 2}
     cfg = apply_overrides(GraspConfig(), {**TINY, **over, "run.out_dir": str(tmp_path)})
     cfg.run.plots = False
     Trainer(cfg, GraspTask(cfg)).fit()
