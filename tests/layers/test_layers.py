@@ -227,3 +227,33 @@ def test_patch_embed_pads_to_whole_patches_and_layernorm2d():
     x = torch.randn(2, 6, 3, 3)
     ref = torch.nn.functional.layer_norm(x.permute(0, 2, 3, 1), (6,), eps=1e-6).permute(0, 3, 1, 2)
     torch.testing.assert_close(ln(x), ref)
+
+
+def test_position_tables_are_cached_per_grid_dtype_and_device_and_bounded():
+    from vision_tfm.layers import pos_embed
+
+    a = sincos_2d(3, 5, 8, dtype=torch.bfloat16)
+    assert a is sincos_2d(3, 5, 8, dtype=torch.bfloat16)  # reused, not rebuilt
+    assert a.dtype == torch.bfloat16 and torch.equal(a, sincos_2d(3, 5, 8).to(torch.bfloat16))
+    assert sincos_2d(5, 3, 8) is not sincos_2d(3, 5, 8)
+    sin, cos = rope_2d(4, 4, 8)
+    assert rope_2d(4, 4, 8)[0] is sin and cos.dtype == torch.float32
+    for n in range(1, 51):
+        sincos_2d(n, 2, 8)
+    assert len(pos_embed._TABLES) <= pos_embed._TABLES.max_entries
+
+
+def test_a_table_first_built_under_inference_mode_still_trains():
+    """RoPE's tables are saved for backward; an inference tensor there would raise."""
+    import vision_tfm as vt
+    from vision_tfm.layers import pos_embed
+
+    pos_embed._TABLES.clear()
+    m = vt.create_model("vit_test_avg_rope")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        ref = m(x)
+    out = m(x)
+    out.sum().backward()
+    assert torch.equal(out.detach(), ref)
+    assert m.patch_embed.proj.weight.grad is not None

@@ -216,3 +216,22 @@ def test_optimize_for_inference_rejects_bad_arguments(model, kw, err, msg):
     with pytest.raises(err, match=msg) as e:
         vt.optimize_for_inference(model or vt.create_model("vit_test"), **kw)
     assert "\n" not in str(e.value)
+
+
+def test_swin_mask_caches_stay_bounded_over_many_input_sizes():
+    """Masks (shared by all blocks) and frozen bias+mask sums (per block) are LRU-bounded."""
+    from vision_tfm.models import swin
+
+    m = vt.create_model("swin_test", embed_dim=8, num_heads=(1, 1, 1, 1)).eval()
+    blocks = [b for b in m.modules() if isinstance(b, swin.SwinBlock)]
+    for b in blocks:
+        b.attn.freeze_bias()  # the inference fast path, which also caches bias + mask
+    x0 = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        before = m(x0)
+        for i in range(50):  # 50 distinct input sizes
+            m(torch.randn(1, 3, 16 + 2 * (i % 10), 16 + 2 * (i // 10)))
+            assert len(swin._MASKS) <= swin._MASKS.max_entries
+            assert all(len(b._bias_cache) <= swin.BIAS_SIZES_CACHED for b in blocks)
+        assert sum(len(b._bias_cache) for b in blocks) > 0  # the frozen path did cache
+        assert torch.equal(m(x0), before)  # evicted entries are rebuilt alike

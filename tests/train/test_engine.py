@@ -1,5 +1,6 @@
 """The training engine: exact resume, interrupts, NaN guard, run dirs, CLI errors, DDP."""
 
+import itertools
 import os
 import re
 import signal
@@ -118,7 +119,7 @@ def test_checkpoint_contents_and_outputs(tmp_path, capsys):
     for f in ["last.pt", "best.pt", "config.yaml", "metrics.csv", "curves.png", "confusion.png"]:
         assert (d / f).is_file(), f
     ck = load_checkpoint(d / "last.pt")
-    assert {"model", "optimizer", "scheduler", "ema", "scaler", "rng", "config", "meta"} <= set(ck)
+    assert {"model", "optimizer", "scheduler", "ema", "scaler", "config", "meta"} <= set(ck)
     assert ck["meta"]["class_names"] == [str(i) for i in range(10)]
     assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0 and "ema_top1" in metrics
     # with EMA on, the EMA is the shipped model: its figure is printed and its weights load
@@ -491,3 +492,89 @@ def test_vtfm_attention_out_names_the_file_it_writes(digit_ckpt, tmp_path, capsy
     deep = tmp_path / "nodir" / "sub" / "att.png"
     code, out, err = vtfm(capsys, *base, deep)
     assert code == 0 and out == f"wrote {deep}\n" and deep.stat().st_size > 1000, err
+
+
+class _FaultTask(ClassificationTask):
+    """Ctrl-C (SIGINT to itself) or a crash (as SIGKILL would leave things) at a given call;
+    validates on the first two batches only, to keep the test short."""
+
+    def __init__(self, cfg, at=0, fault=""):
+        super().__init__(cfg)
+        self.calls, self.at, self.fault = 0, at, fault
+
+    def evaluate(self, model, loader, device):
+        return super().evaluate(model, list(itertools.islice(loader, 2)), device)
+
+    def loss(self, model, batch, device):
+        self.calls += 1
+        if self.calls == self.at:
+            if self.fault == "crash":
+                raise RuntimeError("killed")
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().loss(model, batch, device)
+
+
+def _without_times(path: Path) -> list[str]:
+    """metrics.csv rows without the wall-clock columns."""
+    rows = [line.split(",") for line in path.read_text().splitlines()]
+    drop = {rows[0].index("epoch_time_s"), rows[0].index("img_per_s")}
+    return [",".join(v for i, v in enumerate(r) if i not in drop) for r in rows]
+
+
+def test_mid_epoch_stop_and_crash_resume_exactly_and_log_each_step_once(tmp_path):
+    # one epoch of 10 batches in accumulation groups of 3, 3, 3 and a trailing 1
+    kw = {"data.batch_size": 24, "optim.accum_steps": 3, "run.log_interval": 1}
+    kw["sched.epochs"] = 1
+    cfg = tiny_cfg(tmp_path / "a", **kw)
+    full = Trainer(cfg, _FaultTask(cfg))
+    full.fit()
+    assert full.state.num_updates == 4  # the trailing micro-batch is stepped, not dropped
+    cfg = tiny_cfg(tmp_path / "b", **kw)
+    stopped = Trainer(cfg, _FaultTask(cfg, at=2, fault="sigint"))
+    with pytest.raises(SystemExit):  # Ctrl-C on a micro-batch that is not its group's last
+        stopped.fit()
+    last = stopped.run_dir / "last.pt"
+    state = load_checkpoint(last)["state"]
+    assert (state["epoch"], state["step_in_epoch"], state["num_updates"]) == (0, 3, 1)
+    assert state["loss_count"] == 3  # the partial epoch's losses travel with it
+    elsewhere = tmp_path / "c" / "last.pt"  # stopped mid-epoch under another process count
+    elsewhere.parent.mkdir()
+    ck = load_checkpoint(last)
+    atomic_save({**ck, "state": {**ck["state"], "world_size": 2}}, elsewhere)
+    with pytest.raises(ValueError, match="mid-epoch under 2 process"):
+        Trainer(cfg, ClassificationTask(cfg), resume=elsewhere).fit()
+    assert sorted(p.name for p in elsewhere.parent.iterdir()) == ["last.pt"]
+    crashed = Trainer(cfg, _FaultTask(cfg, at=5, fault="crash"), resume=last)
+    with pytest.raises(RuntimeError, match="killed"):  # dies past update 2, as SIGKILL would
+        crashed.fit()
+    assert "\n2," in (stopped.run_dir / "steps.csv").read_text()  # a row past last.pt
+    resumed = Trainer(cfg, _FaultTask(cfg), resume=last)
+    resumed.fit()
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs after a mid-epoch resume"
+    assert _without_times(resumed.run_dir / "metrics.csv") == _without_times(
+        full.run_dir / "metrics.csv"
+    )  # train_loss averages all 10 steps, as uninterrupted
+    steps = (resumed.run_dir / "steps.csv").read_text()
+    assert steps == (full.run_dir / "steps.csv").read_text()  # no duplicate rows
+    assert len(steps.splitlines()) == 1 + 4
+
+
+def test_an_items_augmentation_depends_on_its_epoch_and_index_only():
+    """Not on what was drawn before, nor on the DataLoader worker (which seeds itself)."""
+    from torch.utils.data import DataLoader
+
+    from vision_tfm.train.engine import _SeededItems
+
+    cfg = apply_overrides(ClsConfig(), {**TINY, "aug.random_erasing": 0.5})
+    _, train, _, _ = ClassificationTask(cfg).build()
+    items = _SeededItems(train, seed=3)
+    keys = [(0, 5), (0, 7), (1, 5)]
+    here = [items[k][0] for k in keys]
+    assert not torch.equal(here[0], here[2])  # another epoch, another augmentation
+    items[(0, 9)]
+    assert torch.equal(items[(0, 5)][0], here[0])  # whatever was drawn in between
+    loader = DataLoader(items, batch_size=None, sampler=keys, num_workers=1)
+    for got, want in zip(loader, here):
+        assert torch.equal(got[0], want)

@@ -311,3 +311,24 @@ def test_graspable_geometry_loss_reads_only_graspable_pixels():
         ]
     assert losses["graspable"][0] == pytest.approx(losses["graspable"][1])
     assert losses["all"][1] > losses["all"][0] + 1e-3
+
+
+def test_view_cache_in_dataloader_workers_survives_epochs(tmp_path, monkeypatch):
+    """One persistent loader per split: each view is decoded once per run, not per epoch."""
+    from vision_tfm.data.grasp import GraspDataset
+
+    log = tmp_path / "loads.txt"
+    decode = GraspDataset._load
+
+    def counted(self, view):
+        with open(log, "a") as f:  # appended from inside the (forked) workers
+            f.write(f"{view.view_id}\n")
+        return decode(self, view)
+
+    monkeypatch.setattr(GraspDataset, "_load", counted)
+    over = {"data.cache": True, "data.num_workers": 1, "data.repeat": 2, "sched.epochs": 2}
+    cfg = apply_overrides(GraspConfig(), {**TINY, **over, "run.out_dir": str(tmp_path)})
+    cfg.run.plots = False
+    Trainer(cfg, GraspTask(cfg)).fit()
+    loads = log.read_text().split()
+    assert len(loads) == len(set(loads)) == 3  # 2 training views and 1 validation view

@@ -123,12 +123,25 @@ class ClsTransform:
         self.in_chans = in_chans
         self.pil_ops = pil_ops
         self._seed = torch.initial_seed()
+        self._rngs: tuple[np.random.Generator, random.Random] | None = None
         self.reseed(self._seed)
 
     def reseed(self, seed: int) -> None:
-        """Restart the augmentation stream (the engine does this per epoch for exact resume)."""
+        """Restart the augmentation stream (the engine does this per item, for exact resume).
+
+        Inside a worker this replaces the worker's own seeding, which would otherwise follow.
+        """
+        worker = get_worker_info()
+        if worker is not None:
+            self._seed = worker.seed
         # One shared stream for all ops; Compose(seed=...) would give each op the same stream.
-        self.pipeline.set_random_state(np.random.default_rng(seed), random.Random(seed))
+        # Later reseeds restart it in place (the ops hold it), cheap enough for every item.
+        if self._rngs is None:
+            self._rngs = (np.random.default_rng(seed), random.Random(seed))
+            self.pipeline.set_random_state(*self._rngs)
+        else:
+            self._rngs[0].bit_generator.state = np.random.PCG64(seed).state
+            self._rngs[1].seed(seed)
 
     def __call__(self, img: np.ndarray | Image.Image) -> torch.Tensor:
         worker = get_worker_info()

@@ -2,6 +2,7 @@
 
 from .attention import Attention, fused_attn, merge_bias_and_mask, set_fused_attn
 from .block import NORM_PLACEMENTS, Block, block_stack, checkpointed, run_blocks
+from .cache import TensorCache
 from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
@@ -27,6 +28,7 @@ __all__ = [
     "PatchEmbed",
     "RMSNorm",
     "SwiGLU",
+    "TensorCache",
     "apply_rope",
     "block_stack",
     "check_image",

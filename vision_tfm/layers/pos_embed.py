@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .cache import TensorCache
 from .patch_embed import symbolic
 
 __all__ = [
@@ -17,6 +18,16 @@ __all__ = [
     "rope_2d",
     "sincos_2d",
 ]
+
+_TABLES = TensorCache(max_entries=32)
+"""Fixed tables per (kind, grid, width, dtype, device): rebuilding one in float64 on the CPU
+and copying it over every forward pass is what a model at a fixed size should not pay."""
+
+
+def _cached_table(key: tuple, build):
+    if symbolic(*key):  # a dynamic-shape export builds the table inside the graph
+        return build()
+    return _TABLES.get(key, build)
 
 
 def resample_abs_pos_embed(
@@ -55,25 +66,40 @@ def _sincos_1d(pos: torch.Tensor, dim: int, temperature: float) -> torch.Tensor:
     return torch.cat([out.sin(), out.cos()], dim=1)  # (N, dim)
 
 
-def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+def sincos_2d(
+    grid_h: int,
+    grid_w: int,
+    dim: int,
+    temperature: float = 10000.0,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """Fixed 2D sin-cos position encoding, ``(grid_h * grid_w, dim)`` in row-major token order.
 
     Follows MAE (He et al. 2022, ``get_2d_sincos_pos_embed``): channels are
     ``[sin x, cos x, sin y, cos y]``, each block ``dim/4`` wide, with frequencies
     ``1 / temperature ** (i / (dim/4))`` for ``i = 0 .. dim/4 - 1``; x is the column index.
     (big_vision divides by ``dim/4 - 1`` and timm orders ``[sin y, sin x, cos y, cos x]``.)
+    Computed in float64, then cast to ``dtype`` on ``device``; cached per all of these
+    (bounded), so the result is shared and read-only.
     """
     if dim % 4:
         raise ValueError(f"2D sin-cos encoding needs dim divisible by 4, got {dim}")
-    ys, xs = torch.meshgrid(
-        torch.arange(grid_h, dtype=torch.float64),
-        torch.arange(grid_w, dtype=torch.float64),
-        indexing="ij",
-    )
-    emb = torch.cat(
-        [_sincos_1d(xs, dim // 2, temperature), _sincos_1d(ys, dim // 2, temperature)], dim=1
-    )
-    return emb.float()
+
+    def build() -> torch.Tensor:
+        ys, xs = torch.meshgrid(
+            torch.arange(grid_h, dtype=torch.float64),
+            torch.arange(grid_w, dtype=torch.float64),
+            indexing="ij",
+        )
+        emb = torch.cat(
+            [_sincos_1d(xs, dim // 2, temperature), _sincos_1d(ys, dim // 2, temperature)], dim=1
+        )
+        return emb.to(device, dtype)
+
+    key = (grid_h, grid_w, "sincos", dim, temperature, dtype, torch.device(device or "cpu"))
+    return _cached_table(key, build)
 
 
 def relative_position_index(window: tuple[int, int]) -> torch.Tensor:
@@ -97,26 +123,37 @@ def relative_position_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Te
 
 
 def rope_2d(
-    grid_h: int, grid_w: int, head_dim: int, theta: float = 100.0
+    grid_h: int,
+    grid_w: int,
+    head_dim: int,
+    theta: float = 100.0,
+    *,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Axial 2D rotary embedding: half the rotated pairs turn with x, half with y.
 
-    Returns ``(sin, cos)``, each ``(grid_h * grid_w, head_dim)``, to pair with
-    :func:`apply_rope`. The rotation of pair ``(i, i + head_dim/2)`` is linear in position,
-    so ``q . k`` depends only on the offset between the two tokens.
+    Returns ``(sin, cos)``, each ``(grid_h * grid_w, head_dim)`` float32 on ``device``, to
+    pair with :func:`apply_rope`. The rotation of pair ``(i, i + head_dim/2)`` is linear in
+    position, so ``q . k`` depends only on the offset between the two tokens. Cached like
+    :func:`sincos_2d`.
     """
     if head_dim % 4:
         raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {head_dim}")
-    quarter = head_dim // 4
-    freqs = theta ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (d/4,)
-    ys, xs = torch.meshgrid(
-        torch.arange(grid_h, dtype=torch.float64),
-        torch.arange(grid_w, dtype=torch.float64),
-        indexing="ij",
-    )
-    ang = torch.cat([xs.reshape(-1, 1) * freqs, ys.reshape(-1, 1) * freqs], dim=1)  # (N, d/2)
-    ang = torch.cat([ang, ang], dim=1)  # (N, d)
-    return ang.sin().float(), ang.cos().float()
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        quarter = head_dim // 4
+        freqs = theta ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (d/4,)
+        ys, xs = torch.meshgrid(
+            torch.arange(grid_h, dtype=torch.float64),
+            torch.arange(grid_w, dtype=torch.float64),
+            indexing="ij",
+        )
+        ang = torch.cat([xs.reshape(-1, 1) * freqs, ys.reshape(-1, 1) * freqs], dim=1)  # (N, d/2)
+        ang = torch.cat([ang, ang], dim=1)  # (N, d)
+        return ang.sin().to(device, torch.float32), ang.cos().to(device, torch.float32)
+
+    key = (grid_h, grid_w, "rope", head_dim, theta, torch.device(device or "cpu"))
+    return _cached_table(key, build)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -192,10 +192,10 @@ class HybridTrunk(nn.Module):
         x = x.flatten(2).transpose(1, 2)  # (B, N, D); a view when x is channels_last
         attn_kw: dict = {}
         if self.pos_embed == "sincos":
-            x = x + sincos_2d(h, w, D).to(x)  # (N, D), MAE channel order
+            x = x + sincos_2d(h, w, D, dtype=x.dtype, device=x.device)  # (N, D), MAE order
         elif self.pos_embed == "rope":
-            sin, cos = rope_2d(h, w, D // self.blocks[0].attn.num_heads, self.rope_theta)
-            attn_kw = {"rope": (sin.to(x.device), cos.to(x.device))}
+            heads = self.blocks[0].attn.num_heads
+            attn_kw = {"rope": rope_2d(h, w, D // heads, self.rope_theta, device=x.device)}
         dual_norm = self.norm if self.residual else None
         x = run_blocks(self.blocks, x, dual_norm, self.grad_checkpointing, **attn_kw)
         if norm and not self.residual:

@@ -5,9 +5,10 @@ SwinStage -> SwinTransformer -> registered sizes. State-dict keys match timm's
 ``SwinTransformer``; torchvision and official-repo checkpoints convert in ``convert.py``.
 
 Unlike the official repo, the shifted-window mask is built for the actual (padded) feature
-size at run time and cached per size, so any resolution works. Inputs whose feature map is
-not a multiple of the window are zero-padded after ``norm1`` and the padding is cropped off
-afterwards, as torchvision does; a window that covers the whole (padded) map is not shifted.
+size at run time and kept in a bounded cache, so any resolution works. Inputs whose feature
+map is not a multiple of the window are zero-padded after ``norm1`` and the padding is
+cropped off afterwards, as torchvision does; a window that covers the whole (padded) map is
+not shifted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..layers import (
     Block,
     LayerNorm,
     PatchEmbed,
+    TensorCache,
     check_image,
     checkpointed,
     relative_position_bias,
@@ -60,6 +62,13 @@ def window_reverse(windows: torch.Tensor, ws: int, H: int, W: int) -> torch.Tens
     B, _, _, C = windows.shape
     x = windows.view(B, H // ws, W // ws, ws, ws, C)  # (B, nh, nw, ws, ws, C)
     return x.permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C)
+
+
+_MASKS = TensorCache(max_entries=32)
+"""Shifted-window masks, shared by every block (of every model): a mask depends only on the
+padded size, window, shift and device, so the blocks of a stage all read one copy."""
+BIAS_SIZES_CACHED = 4
+"""Input sizes whose frozen bias + mask each shifted block keeps (inference fast path)."""
 
 
 def shifted_window_mask(
@@ -143,16 +152,13 @@ class SwinBlock(Block):
         )
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
-        self._mask_cache: dict[tuple, torch.Tensor] = {}
+        self._bias_cache = TensorCache(BIAS_SIZES_CACHED)  # bias + mask, frozen path only
 
     def _mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
-        if torch.compiler.is_compiling() or torch.jit.is_tracing():
-            # never cache tensors made while tracing (they may be fake or symbolic)
+        if symbolic(Hp, Wp):
             return shifted_window_mask(Hp, Wp, self.window_size, shift, device)
-        key = (Hp, Wp, shift, device)
-        if key not in self._mask_cache:
-            self._mask_cache[key] = shifted_window_mask(Hp, Wp, self.window_size, shift, device)
-        return self._mask_cache[key]
+        key = (Hp, Wp, self.window_size, shift, device)
+        return _MASKS.get(key, lambda: shifted_window_mask(Hp, Wp, self.window_size, shift, device))
 
     def _bias(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
         """Relative position bias, plus the shifted-window mask when shifted.
@@ -162,12 +168,11 @@ class SwinBlock(Block):
         bias = self.attn.rel_bias()
         if not symbolic(Hp, Wp) and not any(shift):
             return bias
-        frozen = self.attn.frozen_bias is not None
-        if frozen and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
-            key = ("bias", Hp, Wp, shift, device, bias.dtype)
-            if key not in self._mask_cache:
-                self._mask_cache[key] = bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
-            return self._mask_cache[key]
+        if self.attn.frozen_bias is not None and not symbolic(Hp, Wp):
+            key = (Hp, Wp, shift, device, bias.dtype)
+            return self._bias_cache.get(
+                key, lambda: bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
+            )
         return bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
 
     def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:

@@ -172,12 +172,12 @@ class VisionTransformer(VisionModel):
             )
             x = x + pos
         elif self.cfg.pos_embed == "sincos":
-            pos = sincos_2d(gh, gw, D).to(x)  # (N, D); prefix tokens get no position
+            pos = sincos_2d(gh, gw, D, dtype=x.dtype, device=x.device)  # (N, D); not on prefix
             x = torch.cat([x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :] + pos], 1)
         elif self.cfg.pos_embed == "rope":
-            sin, cos = rope_2d(gh, gw, D // self.cfg.num_heads, self.cfg.rope_theta)
+            rope = rope_2d(gh, gw, D // self.cfg.num_heads, self.cfg.rope_theta, device=x.device)
             attn_kw = {
-                "rope": (sin.to(x.device), cos.to(x.device)),
+                "rope": rope,
                 "num_prefix_tokens": self.num_prefix_tokens,
             }
         return self.pos_drop(x), attn_kw, (gh, gw)

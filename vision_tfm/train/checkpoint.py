@@ -1,18 +1,17 @@
 """Checkpoints that are never half-written and resume bit-identically.
 
 Everything stored is loadable with ``torch.load(weights_only=True)``: tensors, plain
-containers and numbers only (numpy's RNG state is converted to a tensor for that reason).
+containers and numbers only. No RNG state is stored: the engine derives every random draw
+from the seed, the epoch and the position in it, which the checkpoint holds.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..models.convert import load_torch_file
@@ -21,9 +20,7 @@ __all__ = [
     "REQUIRED_KEYS",
     "RESUME_KEYS",
     "atomic_save",
-    "get_rng_state",
     "load_checkpoint",
-    "set_rng_state",
     "shipped_weights",
 ]
 
@@ -90,45 +87,3 @@ def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[s
     if use_ema and ckpt.get("ema") is not None:
         return {k.removeprefix("module."): v for k, v in ckpt["ema"].items()}
     return ckpt["model"]
-
-
-def get_rng_state() -> dict[str, Any]:
-    """Every RNG a training step can draw from: torch (CPU, CUDA), numpy, Python."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": _py_state_to_plain(random.getstate()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`get_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            n["keys"].numpy().astype(np.uint32),
-            n["pos"],
-            n["has_gauss"],
-            n["cached_gaussian"],
-        )
-    )
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _py_state_to_plain(s: tuple) -> list:
-    version, internal, gauss = s
-    return [version, list(internal), gauss]

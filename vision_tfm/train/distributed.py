@@ -33,10 +33,17 @@ def world_size() -> int:
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over ranks (identity when not distributed)."""
+    """Sum a tensor over ranks (identity when not distributed), on the tensor's device.
+
+    NCCL reduces CUDA tensors only, so a CPU tensor (counts, loss sums) goes via the GPU.
+    """
     if dist.is_initialized():
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        on = t.device
+        if dist.get_backend() == "nccl" and on.type != "cuda":
+            on = torch.device("cuda", torch.cuda.current_device())
+        out = t.to(on, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.to(t.device)
     return t
 
 

@@ -4,10 +4,16 @@ A :class:`Task` says what differs (model and data, loss, evaluation, end-of-run 
 :class:`Trainer` owns everything else: optimiser and schedule, precision, accumulation,
 clipping, EMA, checkpoints and exact resume, Ctrl-C, NaN guard, DDP and logging.
 
-Exact resume: at the start of every epoch all RNGs (torch, numpy, Python, the augmentation
-pipeline's own) are reseeded from ``(seed, epoch)``, and the shuffle order comes from a
-generator seeded the same way. A run stopped at an epoch boundary therefore continues on
-the same random stream as an uninterrupted one, and ends with bit-identical weights on CPU.
+Exact resume: the shuffle order comes from a generator seeded from ``(seed, epoch)``; every
+training item is drawn with all RNGs (torch, numpy, Python, the augmentation pipeline's own)
+seeded from ``(seed, epoch, index)``, and every micro-batch runs with them seeded from
+``(seed, epoch, position, rank)``. Nothing random depends on what ran before, in which
+DataLoader worker, or whether the process restarted, so a run stopped anywhere (Ctrl-C
+mid-epoch writes the position and the epoch's partial loss sums into ``last.pt``) continues
+exactly as an uninterrupted one and ends with bit-identical weights on CPU.
+
+Under DDP every rank handles Ctrl-C; the ranks agree at each optimizer update whether any was
+interrupted, so all stop at the same update and rank 0 writes the checkpoint.
 
 Resuming a run's newest state (its ``last.pt``) continues in its run dir; resuming an older
 one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing written is lost.
@@ -16,6 +22,7 @@ one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import math
 import os
@@ -35,11 +42,11 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 from .. import __version__
 from ..config import config_to_dict
-from .checkpoint import atomic_save, get_rng_state, load_checkpoint, set_rng_state
+from .checkpoint import atomic_save, load_checkpoint
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, save_config
 from .distributed import all_reduce_sum, cleanup, init_distributed, is_main, world_size
 from .logging import MetricLogger
@@ -124,6 +131,12 @@ class _State:
     step_in_epoch: int = 0  # micro-batches done in the current epoch (Ctrl-C mid-epoch)
     num_updates: int = 0
     best: float = -math.inf
+    # the current epoch's progress before a mid-epoch stop, summed over ranks
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    seen: int = 0
+    time_s: float = 0.0
+    world_size: int = 1  # a mid-epoch position is only valid under the same process count
 
 
 def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
@@ -140,14 +153,26 @@ def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed torch, numpy and Python RNGs."""
-    torch.manual_seed(seed)
+    """Seed torch (CPU, and CUDA once in use), numpy and Python RNGs.
+
+    Cheap enough to run per item and per step: ``torch.manual_seed`` would also queue a lazy
+    CUDA seeding, which records a stack trace every call.
+    """
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
     return seed * 100_003 + epoch
+
+
+def _derive_seed(*parts: int) -> int:
+    """A 63-bit seed mixed from integer parts (numpy's SeedSequence), distinct per tuple."""
+    words = np.random.SeedSequence([p % 2**64 for p in parts]).generate_state(2, np.uint32)
+    return int(words[0]) << 31 | int(words[1]) >> 1
 
 
 def _reseed_transforms(ds: Dataset, seed: int) -> None:
@@ -160,6 +185,70 @@ def _reseed_transforms(ds: Dataset, seed: int) -> None:
             if hasattr(aug, "reseed"):
                 aug.reseed(seed)
         ds = getattr(ds, "dataset", None)
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    """DataLoader workers leave Ctrl-C to the main process, which still needs them to finish
+    the update it is in (a terminal sends SIGINT to the whole process group)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _SeededItems(Dataset):
+    """Item ``(epoch, index)`` of a dataset, drawn with every RNG seeded from both.
+
+    Augmentation then depends on nothing else: not the worker that loads the item, its place
+    in the epoch or the number of processes, so a resumed epoch draws what the first try did.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        seed = _derive_seed(self.seed, 0, epoch, index)
+        seed_everything(seed)
+        _reseed_transforms(self.dataset, seed)
+        return self.dataset[index]
+
+
+class _EpochBatches(Sampler):
+    """One epoch's batches of ``(epoch, index)`` keys, from a given position on.
+
+    The order is a shuffle seeded from ``(seed, epoch)`` (this rank's shard under DDP). One
+    DataLoader serves every epoch through :meth:`set_epoch`, so its workers persist, and with
+    them what a dataset caches in them.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int, distributed: bool) -> None:
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.distributed = distributed
+        self.epoch = self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def _order(self) -> list[int]:
+        if self.distributed:
+            sampler = DistributedSampler(self.dataset, shuffle=True, seed=self.seed)
+            sampler.set_epoch(self.epoch)
+            return list(sampler)
+        g = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
+        return torch.randperm(len(self.dataset), generator=g).tolist()
+
+    def __iter__(self):
+        batches = BatchSampler(self._order(), self.batch_size, drop_last=True)
+        for i, batch in enumerate(batches):
+            if i >= self.skip:
+                yield [(self.epoch, index) for index in batch]
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        if self.distributed:
+            n = math.ceil(n / world_size())
+        return max(n // self.batch_size - self.skip, 0)
 
 
 class Trainer:
@@ -175,7 +264,8 @@ class Trainer:
         self.cfg, self.task = cfg, task
         self.resume_path = Path(resume) if resume else None
         self._run_dir = Path(run_dir) if run_dir else None
-        self._interrupted = False
+        self._interrupted = False  # this process got Ctrl-C
+        self._stop = False  # every rank has agreed to stop
         self._eval_only = False
 
     # --- setup -------------------------------------------------------------------------
@@ -256,7 +346,8 @@ class Trainer:
         self.base_lr = self._lr(global_batch)
         o = cfg.optim
         self.optimizer = build_optimizer(self.model, o, self.base_lr)
-        self.steps_per_epoch = max(1, self._num_batches() // o.accum_steps)
+        # a shorter last accumulation group is stepped too
+        self.steps_per_epoch = max(1, math.ceil(self._num_batches() / o.accum_steps))
         total = cfg.sched.epochs * self.steps_per_epoch
         warm = min(int(cfg.sched.warmup_epochs * self.steps_per_epoch), max(total - 1, 0))
         self.scheduler = CosineLRScheduler(
@@ -275,9 +366,10 @@ class Trainer:
         if self.ckpt is not None:
             self._restore(self.ckpt)
         self.train_model: nn.Module = self.model
+        self.ddp: DistributedDataParallel | None = None
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.model, device_ids=ids)
+            self.ddp = self.train_model = DistributedDataParallel(self.model, device_ids=ids)
         if cfg.run.compile:
             t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
@@ -305,10 +397,9 @@ class Trainer:
         if self.ema is not None and ck.get("ema") is not None:
             self.ema.load_state_dict(ck["ema"])
         self.scaler.load_state_dict(ck["scaler"])
-        s = ck["state"]
-        self.state = _State(s["epoch"], s["step_in_epoch"], s["num_updates"], s["best"])
+        known = set(_State.__dataclass_fields__)
+        self.state = _State(**{k: v for k, v in ck["state"].items() if k in known})
         self.history = list(ck.get("history", []))
-        self._resume_rng = ck.get("rng")
 
     def _restore_schedule(self, saved: dict[str, Any], num_updates: int) -> None:
         """Continue the saved schedule, unless the config now asks for another one.
@@ -337,23 +428,19 @@ class Trainer:
             n = math.ceil(n / world_size())
         return n // self.task.batch_size
 
-    def _train_loader(self, epoch: int, skip: int) -> DataLoader:
-        g = torch.Generator().manual_seed(_epoch_seed(self.cfg.run.seed, epoch))
-        if self.distributed:
-            sampler = DistributedSampler(self.train_ds, shuffle=True, seed=self.cfg.run.seed)
-            sampler.set_epoch(epoch)
-            order = list(sampler)
-        else:
-            order = torch.randperm(len(self.train_ds), generator=g).tolist()
-        batches = list(BatchSampler(order, self.task.batch_size, drop_last=True))[skip:]
+    def _train_loader(self) -> DataLoader:
+        """The one training loader of the run; :meth:`_train_epoch` points it at each epoch."""
+        self._batches = _EpochBatches(
+            self.train_ds, self.task.batch_size, self.cfg.run.seed, self.distributed
+        )
         return DataLoader(
-            self.train_ds,
-            batch_sampler=batches,
+            _SeededItems(self.train_ds, self.cfg.run.seed),
+            batch_sampler=self._batches,
             num_workers=self.task.num_workers,
             collate_fn=self.task.collate,
-            generator=g,
-            persistent_workers=False,
+            persistent_workers=self.task.num_workers > 0,
             pin_memory=self.device.type == "cuda",
+            worker_init_fn=_ignore_sigint,
         )
 
     def _val_loader(self) -> DataLoader:
@@ -366,6 +453,7 @@ class Trainer:
             batch_sampler=batches,
             num_workers=self.task.num_workers,
             collate_fn=self.task.collate,
+            persistent_workers=self.task.num_workers > 0,  # keeps what workers cache
         )
 
     # --- checkpoints -------------------------------------------------------------------
@@ -378,13 +466,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "scaler": self.scaler.state_dict(),
-            "state": {
-                "epoch": s.epoch,
-                "step_in_epoch": s.step_in_epoch,
-                "num_updates": s.num_updates,
-                "best": s.best,
-            },
-            "rng": get_rng_state(),
+            "state": dataclasses.asdict(s),
             "config": config_to_dict(self.cfg),
             "meta": self.meta,
             "history": self.history,
@@ -405,7 +487,11 @@ class Trainer:
         if self._interrupted:  # second Ctrl-C: give up at once
             raise KeyboardInterrupt
         self._interrupted = True
-        print("\ninterrupt: finishing this step, then writing a resumable checkpoint", flush=True)
+        if is_main():
+            print(
+                "\ninterrupt: finishing this update, then writing a resumable checkpoint",
+                flush=True,
+            )
 
     def fit(self, eval_only: bool = False) -> dict[str, float]:
         """Train (or just evaluate) and return the last validation metrics."""
@@ -482,11 +568,19 @@ class Trainer:
                 f"{self.resume_path} has already trained {s.epoch} epochs of "
                 f"sched.epochs={cfg.sched.epochs}; raise --epochs to train on"
             )
+        if s.step_in_epoch and s.world_size != world_size():
+            raise ValueError(
+                f"{self.resume_path} was stopped mid-epoch under {s.world_size} process(es); "
+                f"resume it under {s.world_size} (torchrun --nproc_per_node={s.world_size})"
+            )
+        s.world_size = world_size()
         forked = self._prepare_run_dir()
         logger = MetricLogger(self.run_dir, cfg.run.tensorboard) if is_main() else None
         if logger is not None and forked:  # the new metrics.csv starts with the epochs inherited
             for row in self.history:
                 logger.epoch(row)
+        elif logger is not None and self.ckpt is not None:  # rows a killed run wrote past it
+            logger.drop_rows_after(step=s.num_updates, epoch=s.epoch)
         if is_main():
             n_params = sum(p.numel() for p in self.model.parameters())
             print(
@@ -495,23 +589,20 @@ class Trainer:
                 f" x{world_size()} | lr {self.base_lr:.2e}",
                 flush=True,
             )
-        prev = signal.signal(signal.SIGINT, self._on_sigint) if is_main() else None
+        prev = signal.signal(signal.SIGINT, self._on_sigint)  # on every rank
         metrics: dict[str, float] = {}
-        val_loader = self._val_loader()
+        train_loader, val_loader = self._train_loader(), self._val_loader()
         last = cfg.sched.epochs
         if cfg.run.stop_after > 0:
             last = min(last, s.epoch + cfg.run.stop_after)
         try:
             while s.epoch < last:
                 epoch = s.epoch
-                seed_everything(_epoch_seed(cfg.run.seed, epoch))
-                _reseed_transforms(self.train_ds, _epoch_seed(cfg.run.seed, epoch))
-                if getattr(self, "_resume_rng", None) is not None and s.step_in_epoch:
-                    set_rng_state(self._resume_rng)  # continue a mid-epoch stream
-                self._resume_rng = None
                 t0 = time.perf_counter()
-                train_loss, seen = self._train_epoch(epoch, logger)
-                if self._interrupted:
+                loss_sum, loss_count = self._train_epoch(epoch, train_loader, logger)
+                dt = s.time_s + time.perf_counter() - t0
+                if self._stop:
+                    s.loss_sum, s.loss_count, s.time_s = loss_sum, loss_count, dt
                     self._save(best=False)
                     if is_main():
                         print(
@@ -520,9 +611,10 @@ class Trainer:
                             flush=True,
                         )
                     sys.exit(130)
-                dt = time.perf_counter() - t0
+                train_loss, seen = loss_sum / max(loss_count, 1), s.seen
                 metrics = self._evaluate(val_loader)
                 s.epoch, s.step_in_epoch = epoch + 1, 0
+                s.loss_sum, s.loss_count, s.seen, s.time_s = 0.0, 0, 0, 0.0
                 improved = metrics[self.tracked] > s.best
                 s.best = max(s.best, metrics[self.tracked])
                 row = {
@@ -534,9 +626,10 @@ class Trainer:
                     "img_per_s": round(seen / dt, 1),
                 }
                 self.history.append(row)
+                if logger is not None:  # before the checkpoint: a resume drops rows past it
+                    logger.epoch(row)
                 self._save(best=improved)
                 if logger is not None:
-                    logger.epoch(row)
                     shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
                     print(
                         f"epoch {epoch + 1}/{cfg.sched.epochs} loss {train_loss:.4f} {shown}"
@@ -560,63 +653,93 @@ class Trainer:
             print(self.task.summary(self.shipped_metrics(metrics or self.history[-1])), flush=True)
         return metrics
 
-    def _train_epoch(self, epoch: int, logger: MetricLogger | None) -> tuple[float, int]:
+    def _train_epoch(
+        self, epoch: int, loader: DataLoader, logger: MetricLogger | None
+    ) -> tuple[float, int]:
+        """Train from ``state.step_in_epoch`` to the end of the epoch or an agreed stop.
+
+        Returns the epoch's loss sum and micro-batch count over all ranks (with what a
+        mid-epoch checkpoint carried over), so the epoch loss averages every step.
+        """
         cfg, s = self.cfg, self.state
-        accum = cfg.optim.accum_steps
-        loader = self._train_loader(epoch, s.step_in_epoch)
+        accum, nb = cfg.optim.accum_steps, self._num_batches()
+        full = nb - nb % accum  # micro-batches from here on form a shorter last group
+        rank = torch.distributed.get_rank() if self.distributed else 0
+        self._batches.set_epoch(epoch, s.step_in_epoch)
         self.train_model.train()
-        total_loss, n_loss, seen = torch.zeros(()), 0, 0
+        carried = is_main()  # rank 0 carries the sums over all ranks from a checkpoint
+        sums = torch.tensor([s.loss_sum, s.loss_count] if carried else [0, 0], dtype=torch.float64)
         bar = None
         if is_main():
             from tqdm import tqdm
 
             bar = tqdm(
-                total=len(loader),
+                initial=s.step_in_epoch,
+                total=nb,
                 desc=f"epoch {epoch + 1}",
                 leave=False,
                 dynamic_ncols=True,
                 disable=None,
             )
-        t_start = time.perf_counter()
+        t_start, seen_start = time.perf_counter(), s.seen
         self.optimizer.zero_grad(set_to_none=True)
-        for i, batch in enumerate(loader):
-            with self._autocast():
-                loss, n = self.task.loss(self.train_model, batch, self.device)
-            if not torch.isfinite(loss):
-                last = self.run_dir / "last.pt"
-                kept = (
-                    f"last good checkpoint kept: {last}" if last.exists() else "no checkpoint yet"
-                )
-                raise NonFiniteLossError(
-                    f"loss became {loss.item()} at epoch {epoch + 1}, step {s.step_in_epoch + 1}; "
-                    f"stopping ({kept})"
-                )
-            self.scaler.scale(loss / accum).backward()
+        for batch in loader:
+            k = s.step_in_epoch
+            sync = (k + 1) % accum == 0 or k + 1 == nb  # the last micro-batch of its group
+            group = accum if k < full else nb - full
+            seed_everything(_derive_seed(cfg.run.seed, 1, epoch, k, rank))
+            with self._grad_sync(sync):
+                with self._autocast():
+                    loss, n = self.task.loss(self.train_model, batch, self.device)
+                if not torch.isfinite(loss):
+                    last = self.run_dir / "last.pt"
+                    kept = (
+                        f"last good checkpoint kept: {last}"
+                        if last.exists()
+                        else "no checkpoint yet"
+                    )
+                    raise NonFiniteLossError(
+                        f"loss became {loss.item()} at epoch {epoch + 1}, step {k + 1}; "
+                        f"stopping ({kept})"
+                    )
+                self.scaler.scale(loss / group).backward()
             s.step_in_epoch += 1
-            if s.step_in_epoch % accum == 0:
+            if sync:
                 self._optimizer_step()
-            total_loss += loss.detach().float().cpu()
-            n_loss += 1
-            seen += n * world_size()
+            sums += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
+            s.seen += n * world_size()
             if hasattr(self, "_compile_t0"):
                 if is_main():
                     took = time.perf_counter() - self._compile_t0
                     print(f"torch.compile: first step (compile included) took {took:.1f}s")
                 del self._compile_t0
-            if bar is not None and (i % cfg.run.log_interval == 0 or i == len(loader) - 1):
+            logged = sync and ((s.num_updates - 1) % cfg.run.log_interval == 0 or k + 1 == nb)
+            if bar is not None and logged:
                 lr = self.optimizer.param_groups[0]["lr"]
-                ips = seen / max(time.perf_counter() - t_start, 1e-9)
+                ips = (s.seen - seen_start) / max(time.perf_counter() - t_start, 1e-9)
                 bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}")
                 if logger is not None:
                     logger.step(s.num_updates, loss.item(), lr)
             if bar is not None:
                 bar.update(1)
-            if self._interrupted:
+            if sync and self._stop_agreed():
                 break
         if bar is not None:
             bar.close()
-        mean = all_reduce_sum(total_loss / max(n_loss, 1)).item() / world_size()
-        return mean, seen
+        loss_sum, loss_count = all_reduce_sum(sums).tolist()
+        return loss_sum, int(loss_count)
+
+    def _grad_sync(self, sync: bool) -> contextlib.AbstractContextManager:
+        """DDP all-reduces gradients on the last micro-batch of an accumulation group only."""
+        if sync or self.ddp is None:
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank got Ctrl-C. Every rank asks at every update, so all stop at one."""
+        flag = torch.tensor([float(self._interrupted)], device=self.device)
+        self._stop = all_reduce_sum(flag).item() > 0
+        return self._stop
 
     def _optimizer_step(self) -> None:
         s, o = self.state, self.cfg.optim

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,23 @@ class MetricLogger:
         for k, v in row.items():
             if k != "epoch" and isinstance(v, (int, float)):
                 self.scalar(f"epoch/{k}", v, int(row["epoch"]))
+
+    def drop_rows_after(self, step: int, epoch: int) -> None:
+        """Forget rows past a checkpoint's update and epoch, which a run killed after writing
+        them left behind; the resumed run writes them again."""
+        for path, key, last in ((self.steps_path, "step", step), (self.csv_path, "epoch", epoch)):
+            if not path.is_file():
+                continue
+            lines = path.read_text().splitlines(keepends=True)
+            rows = list(csv.reader(lines))
+            if not rows or key not in rows[0]:
+                continue
+            col = rows[0].index(key)
+            keep = [line for line, row in zip(lines[1:], rows[1:]) if float(row[col]) <= last]
+            if len(keep) < len(lines) - 1:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text("".join([lines[0], *keep]))
+                os.replace(tmp, path)
 
     @staticmethod
     def _append(path: Path, row: dict[str, Any]) -> None:

@@ -166,7 +166,13 @@ class GraspAugment:
         self._worker_seed: int | None = None
 
     def reseed(self, seed: int) -> None:
-        """Restart the random streams (the training engine does this every epoch)."""
+        """Restart the random streams (the training engine does this per item).
+
+        Inside a worker this replaces the worker's own seeding, which would otherwise follow.
+        """
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            self._worker_seed = info.seed
         self.transform.set_random_seed(seed % 2**32)
         self.rng = np.random.default_rng(seed)
 
