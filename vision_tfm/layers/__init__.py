@@ -1,6 +1,16 @@
 """The shared core: every model family builds from these pieces and none redefines them."""
 
-from .attention import Attention, fused_attn, merge_bias_and_mask, set_fused_attn
+from .attention import (
+    ATTN_TYPES,
+    FEATURE_MAPS,
+    Attention,
+    FeatureMap,
+    fast_weight_attention,
+    fused_attn,
+    linear_attention,
+    merge_bias_and_mask,
+    set_fused_attn,
+)
 from .block import NORM_PLACEMENTS, Block, block_stack, run_blocks
 from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
@@ -16,10 +26,13 @@ from .pos_embed import (
 )
 
 __all__ = [
+    "ATTN_TYPES",
+    "FEATURE_MAPS",
     "NORM_PLACEMENTS",
     "Attention",
     "Block",
     "DropPath",
+    "FeatureMap",
     "LayerNorm",
     "LayerNorm2d",
     "LayerScale",
@@ -31,9 +44,11 @@ __all__ = [
     "block_stack",
     "check_image",
     "drop_path",
+    "fast_weight_attention",
     "fused_attn",
     "get_mlp_layer",
     "get_norm_layer",
+    "linear_attention",
     "merge_bias_and_mask",
     "relative_position_bias",
     "relative_position_index",

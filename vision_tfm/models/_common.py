@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from torch import nn
+
+from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
 
 __all__ = ["check_config", "init_weights", "select_indices"]
 
@@ -26,7 +29,9 @@ _MIN_INT = {
     "stem_chs": 1,
     "stem_depths": 0,
     "dec_depth": 0,
+    "favor_features": 0,  # 0 = d ln d per head
 }
+_CHOICES = {"attn_type": ATTN_TYPES, "feature_map": FEATURE_MAPS}
 _POSITIVE = ("mlp_ratio", "rope_theta")
 _NON_NEGATIVE = ("init_values",)
 _RATES = ("drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
@@ -61,6 +66,8 @@ def check_config(cfg: Any, owner: str) -> None:
             fail(name, v, "a number >= 0")
         elif name in _RATES and not (isinstance(v, (int, float)) and 0 <= v < 1):
             fail(name, v, "a rate in [0, 1)")
+        elif name in _CHOICES and v not in _CHOICES[name]:
+            fail(name, v, f"one of {', '.join(_CHOICES[name])}")
     heads = cfg.num_heads
     if isinstance(heads, tuple):  # Swin: stage i is embed_dim * 2**i wide
         if len(cfg.depths) != len(heads):
@@ -84,13 +91,21 @@ def block_kwargs(cfg: Any) -> dict[str, Any]:
     One mapping, so a field such as ``attn_drop_rate`` means the same in ViT, Swin and the
     hybrid; each family adds its own (width, heads, norm layer, LayerScale, ...).
     """
-    return {
+    kw = {
         "mlp_ratio": cfg.mlp_ratio,
         "qkv_bias": cfg.qkv_bias,
         "proj_drop": cfg.proj_drop_rate,
         "attn_drop": cfg.attn_drop_rate,
         "norm_place": cfg.norm_place,
     }
+    if getattr(cfg, "attn_type", "softmax") == "linear":  # Swin's configs have no such field
+        kw["attn_layer"] = partial(
+            Attention,
+            attn_type="linear",
+            feature_map=cfg.feature_map,
+            num_features=cfg.favor_features,
+        )
+    return kw
 
 
 def init_weights(module: nn.Module) -> None:

@@ -111,6 +111,9 @@ class HybridTrunkConfig:
     qkv_bias: bool = True
     pos_embed: str = "sincos"  # "sincos" | "rope" | "none"
     rope_theta: float = 100.0
+    attn_type: str = "softmax"  # "softmax" | "linear" (cost linear in the token count)
+    feature_map: str = "elu1"  # linear only: "elu1" | "relu" | "favor"
+    favor_features: int = 0  # favor only: random features per head; 0 = head_dim * ln(head_dim)
     norm_place: str = "pre"  # "pre" | "post" | "residual"
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0

@@ -52,6 +52,9 @@ class ViTConfig:
     global_pool: str = "token"  # "token" (class token) or "avg" (mean of patch tokens)
     pos_embed: str = "learn"  # "learn" | "sincos" | "rope" | "none"
     rope_theta: float = 100.0
+    attn_type: str = "softmax"  # "softmax" | "linear" (cost linear in the token count)
+    feature_map: str = "elu1"  # linear only: "elu1" | "relu" | "favor"
+    favor_features: int = 0  # favor only: random features per head; 0 = head_dim * ln(head_dim)
     norm_place: str = "pre"  # "pre" | "post" | "residual"
     norm_layer: str = "layernorm"
     mlp_layer: str = "mlp"  # "mlp" | "swiglu"
