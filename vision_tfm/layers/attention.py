@@ -71,11 +71,10 @@ def orthogonal_gaussian(
     the length of an independent Gaussian vector: every row is still ``N(0, I)``, but rows in a
     block do not overlap, which lowers the kernel estimate's variance (Choromanski et al. 2020).
     """
-    blocks = []
-    for _ in range(math.ceil(num_rows / dim)):
-        q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
-        blocks.append((q * torch.sign(torch.diagonal(r))).T)  # sign fix: Haar, not QR-biased
-    rows = torch.cat(blocks)[:num_rows]
+    g = torch.randn(math.ceil(num_rows / dim), dim, dim, generator=generator)
+    q, r = torch.linalg.qr(g)  # batched: one call for every block
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar, not QR-biased
+    rows = q.transpose(-2, -1).reshape(-1, dim)[:num_rows]  # each block's columns as rows
     return rows * torch.randn(num_rows, dim, generator=generator).norm(dim=1, keepdim=True)
 
 
@@ -128,6 +127,12 @@ class FeatureMap(nn.Module):
         w = orthogonal_gaussian(m, d, g) if self.orthogonal else torch.randn(m, d, generator=g)
         self.proj.copy_(w)
 
+    def favor_exponents(self, x: torch.Tensor) -> torch.Tensor:
+        """Unstabilised exponents ``w_r·x' - |x'|²/2``, ``(..., N, m)``: ``Σ_r exp(a_r + b_r) / m``
+        over a query's and a key's is the unbiased estimate of their softmax kernel."""
+        x = x * self.head_dim**-0.25
+        return F.linear(x, self.proj.to(x.dtype)) - 0.5 * (x * x).sum(-1, keepdim=True)
+
     def forward(
         self, x: torch.Tensor, query: bool, key_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -142,9 +147,7 @@ class FeatureMap(nn.Module):
             return F.elu(x) + 1
         if self.kind == "relu":
             return F.relu(x)
-        x = x * self.head_dim**-0.25
-        logits = F.linear(x, self.proj.to(x.dtype))  # (..., N, m)
-        logits = logits - 0.5 * (x * x).sum(-1, keepdim=True)
+        logits = self.favor_exponents(x)  # (..., N, m)
         if query:
             stab = logits.amax(-1, keepdim=True)  # (..., N, 1)
         else:
