@@ -1,4 +1,4 @@
-"""Linear attention: equal to its fast-weight form, recurrent = parallel, FAVOR+ within its error."""
+"""Linear attention: its fast-weight form, recurrent = parallel, FAVOR+ within its error."""
 
 import math
 
@@ -110,7 +110,7 @@ def test_low_precision_long_sequence_keeps_fp32_sums(dtype: torch.dtype) -> None
     x = torch.randn(1, 8192, 64) * 16
     with torch.no_grad():
         ref = attn(x)
-        q, k, v = split_heads(attn, x)
+        _, k, v = split_heads(attn, x)
         kv_sum = ((F.elu(k) + 1).transpose(-2, -1) @ v).abs().max()
         assert kv_sum > torch.finfo(torch.float16).max  # summing in fp16 would overflow
         with torch.autocast("cpu", dtype=dtype):
