@@ -46,10 +46,16 @@ def cls_checkpoint(
     model_name: str | None = None,
     in_chans: int = 1,
     crop_pct: float = 1.0,
+    **kw: object,
 ) -> Path:
     """An untrained tiny 28x28 classifier saved as a training checkpoint (parity needs no
-    training); gray with MNIST statistics, or RGB with ImageNet's."""
-    over = {"model.name": name, "model.kwargs": TINY[name], "data.crop_pct": crop_pct}
+    training); gray with MNIST statistics, or RGB with ImageNet's. ``kw`` overrides more of
+    the model's config."""
+    over = {
+        "model.name": name,
+        "model.kwargs": {**TINY[name], **kw},
+        "data.crop_pct": crop_pct,
+    }
     cfg = apply_overrides(ClsConfig(), over)
     torch.manual_seed(0)
     model = build_cls_model(cfg.model, 10, in_chans, 28)
@@ -189,6 +195,47 @@ def test_swin_exports_with_dynamic_hw_and_window_attention_on_the_explicit_path(
     for size in [(16, 16), (37, 52), (64, 33)]:
         x = resize(digits, size)
         assert max_abs_diff(run(x), src.torch_runner()(x)) <= 1e-4, size
+
+
+def test_linear_attention_checkpoint_exports_quantises_and_benchmarks(tmp_path: Path) -> None:
+    """FAVOR+ (its random projection a buffer, exp features): dynamic-H/W parity at three sizes,
+    int8-dynamic, and a benchmark table whose rows are all ok."""
+    ckpt = cls_checkpoint(tmp_path, "vit_mnist", attn_type="linear", feature_map="favor")
+    vtfm(
+        "export",
+        "--checkpoint",
+        ckpt,
+        "--dynamic",
+        "batch,hw",
+        "--int8",
+        "dynamic",
+        "--val-images",
+        "64",
+    )
+    meta = json.loads((tmp_path / "model.json").read_text())
+    checks = meta["parity"]["checks"]
+    assert len({tuple(c["shape"][2:]) for c in checks}) >= 3
+    assert meta["parity"]["ok"] and all(c["max_abs_diff"] <= 1e-4 for c in checks)
+    q = json.loads((tmp_path / "model-int8-dynamic.json").read_text())
+    assert q["top1_agreement"] >= 0.9, q
+    out = tmp_path / "b"
+    formats = "torch,onnx,onnx-int8-dynamic"
+    vtfm(
+        "benchmark",
+        "--checkpoint",
+        ckpt,
+        "--formats",
+        formats,
+        "--quick",
+        "--threads",
+        "1",
+        "--out",
+        out,
+    )
+    rows = list(csv.DictReader((out / "benchmark.csv").open()))
+    assert [r["format"] for r in rows] == formats.split(",")
+    assert all(r["status"] == "ok" for r in rows), rows
+    assert float(rows[1]["max_abs_diff"]) <= 1e-4
 
 
 def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:

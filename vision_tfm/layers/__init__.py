@@ -1,6 +1,16 @@
 """The shared core: every model family builds from these pieces and none redefines them."""
 
-from .attention import Attention, fused_attn, merge_bias_and_mask, set_fused_attn
+from .attention import (
+    ATTN_TYPES,
+    FEATURE_MAPS,
+    Attention,
+    FeatureMap,
+    fast_weight_attention,
+    fused_attn,
+    linear_attention,
+    merge_bias_and_mask,
+    set_fused_attn,
+)
 from .block import NORM_PLACEMENTS, Block, block_stack, checkpointed, run_blocks
 from .cache import TensorCache
 from .drop import DropPath, LayerScale, drop_path
@@ -17,10 +27,13 @@ from .pos_embed import (
 )
 
 __all__ = [
+    "ATTN_TYPES",
+    "FEATURE_MAPS",
     "NORM_PLACEMENTS",
     "Attention",
     "Block",
     "DropPath",
+    "FeatureMap",
     "LayerNorm",
     "LayerNorm2d",
     "LayerScale",
@@ -34,9 +47,11 @@ __all__ = [
     "check_image",
     "checkpointed",
     "drop_path",
+    "fast_weight_attention",
     "fused_attn",
     "get_mlp_layer",
     "get_norm_layer",
+    "linear_attention",
     "merge_bias_and_mask",
     "relative_position_bias",
     "relative_position_index",

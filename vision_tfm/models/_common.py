@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from torch import nn
 
+from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
+
 __all__ = [
+    "ATTENTION_RULES",
     "AT_LEAST_0",
     "AT_LEAST_1",
     "BASE_RULES",
@@ -46,6 +50,11 @@ RATE: Rule = (
 )
 AT_LEAST_0, AT_LEAST_1 = _int_rule(0), _int_rule(1)
 
+
+def _choice_rule(choices: Sequence[str]) -> Rule:
+    what = f"one of {', '.join(choices)}"
+    return (lambda v: v in choices), what, what
+
 # Rules for the fields every family spells the same way. A family declares its own table as
 # ``VisionModel.config_rules`` = these plus its own fields, so a new field needs no edit here.
 # Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) apply the rule to
@@ -61,6 +70,13 @@ BASE_RULES: dict[str, Rule] = {
     "proj_drop_rate": RATE,
     "attn_drop_rate": RATE,
     "drop_path_rate": RATE,
+}
+
+# The attention kernel fields of the families that can swap softmax for linear attention.
+ATTENTION_RULES: dict[str, Rule] = {
+    "attn_type": _choice_rule(ATTN_TYPES),
+    "feature_map": _choice_rule(FEATURE_MAPS),
+    "favor_features": _int_rule(0, " (0 = d ln d per head)"),
 }
 
 
@@ -103,13 +119,21 @@ def block_kwargs(cfg: Any) -> dict[str, Any]:
     One mapping, so a field such as ``attn_drop_rate`` means the same in ViT, Swin and the
     hybrid; each family adds its own (width, heads, norm layer, LayerScale, ...).
     """
-    return {
+    kw = {
         "mlp_ratio": cfg.mlp_ratio,
         "qkv_bias": cfg.qkv_bias,
         "proj_drop": cfg.proj_drop_rate,
         "attn_drop": cfg.attn_drop_rate,
         "norm_place": cfg.norm_place,
     }
+    if getattr(cfg, "attn_type", "softmax") == "linear":  # Swin's configs have no such field
+        kw["attn_layer"] = partial(
+            Attention,
+            attn_type="linear",
+            feature_map=cfg.feature_map,
+            num_features=cfg.favor_features,
+        )
+    return kw
 
 
 def init_weights(module: nn.Module) -> None:

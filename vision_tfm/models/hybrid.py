@@ -34,6 +34,7 @@ from ..layers import (
 from ._common import (
     AT_LEAST_0,
     AT_LEAST_1,
+    ATTENTION_RULES,
     BASE_RULES,
     POSITIVE,
     block_kwargs,
@@ -57,6 +58,7 @@ POS_EMBEDS = ("sincos", "rope", "none")
 GRASP_KEYS = ("quality", "cos", "sin", "width")  # order of the decoder's output channels
 RULES = {
     **BASE_RULES,
+    **ATTENTION_RULES,
     "depth": AT_LEAST_1,
     "rope_theta": POSITIVE,
     "stem_chs": AT_LEAST_1,
@@ -130,6 +132,9 @@ class HybridTrunkConfig:
     qkv_bias: bool = True
     pos_embed: str = "sincos"  # "sincos" | "rope" | "none"
     rope_theta: float = 100.0
+    attn_type: str = "softmax"  # "softmax" | "linear" (cost linear in the token count)
+    feature_map: str = "elu1"  # linear only: "elu1" | "relu" | "favor"
+    favor_features: int = 0  # favor only: random features per head; 0 = head_dim * ln(head_dim)
     norm_place: str = "pre"  # "pre" | "post" | "residual"
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0

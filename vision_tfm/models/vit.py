@@ -29,6 +29,7 @@ from ..layers import (
 )
 from ._common import (
     AT_LEAST_1,
+    ATTENTION_RULES,
     BASE_RULES,
     NON_NEGATIVE,
     POSITIVE,
@@ -63,6 +64,9 @@ class ViTConfig:
     global_pool: str = "token"  # "token" (class token), "avg" (mean of patch tokens), "" (none)
     pos_embed: str = "learn"  # "learn" | "sincos" | "rope" | "none"
     rope_theta: float = 100.0
+    attn_type: str = "softmax"  # "softmax" | "linear" (cost linear in the token count)
+    feature_map: str = "elu1"  # linear only: "elu1" | "relu" | "favor"
+    favor_features: int = 0  # favor only: random features per head; 0 = head_dim * ln(head_dim)
     norm_place: str = "pre"  # "pre" | "post" | "residual"
     norm_layer: str = "layernorm"
     mlp_layer: str = "mlp"  # "mlp" | "swiglu"
@@ -80,6 +84,7 @@ class VisionTransformer(VisionModel):
     backbone_kind = "simple_pyramid"
     config_rules = {
         **BASE_RULES,
+        **ATTENTION_RULES,
         "patch_size": AT_LEAST_1,
         "depth": AT_LEAST_1,
         "rope_theta": POSITIVE,
