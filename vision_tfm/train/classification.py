@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from ..data import AugConfig, DataConfig, build_cls_datasets
 from ..models import create_model, load_pretrained
 from ..models.registry import get_model_entry
-from .checkpoint import shipped_weights
+from .checkpoint import build_for_weights, check_meta, shipped_weights
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
@@ -162,10 +162,14 @@ def restore_cls_model(
 
     if ckpt.get("meta", {}).get("task") != "cls":
         raise ValueError("checkpoint is not a classification checkpoint")
-    cfg = apply_overrides(ClsConfig(), ckpt["config"])
     meta = ckpt["meta"]
-    model = build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"])
-    model.load_state_dict(shipped_weights(ckpt, use_ema))
+    check_meta(meta)
+    cfg = apply_overrides(ClsConfig(), ckpt["config"])
+    model = build_for_weights(
+        lambda: build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"]),
+        shipped_weights(ckpt, use_ema),
+        "checkpoint",
+    )
     return model.eval(), cfg
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, check_ranges
 from ..data.grasp import GraspAugment, build_grasp_datasets, grasp_collate
 from ..grasp import MAP_KEYS, WIDTH_SCALE, batch_grasp_correct, decode_grasps
 from ..models import create_model, get_model_entry, load_pretrained
@@ -78,6 +79,24 @@ class GraspDataConfig:
     repeat: int = 1
     cache: bool = False
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "train_frac": Range(0, 1, lo_open=True, hi_open=True),
+        "output_size": AT_LEAST_ONE,
+        "crop_size": NON_NEGATIVE,
+        "batch_size": AT_LEAST_ONE,
+        "num_workers": NON_NEGATIVE,
+        "rotate": Range(0, 180),
+        "zoom": POSITIVE,
+        "color_jitter": PROBABILITY,
+        "depth_noise": NON_NEGATIVE,
+        "width_scale": POSITIVE,
+        "repeat": AT_LEAST_ONE,
+    }
+    ORDERED: ClassVar[tuple[str, ...]] = ("zoom",)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
 
 @dataclass
 class GraspLossConfig:
@@ -100,6 +119,11 @@ class GraspLossConfig:
     geometry: str = "graspable"
     width_weight: float = 10.0
 
+    RANGES: ClassVar[dict[str, Range]] = {"width_weight": NON_NEGATIVE}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
 
 @dataclass
 class GraspEvalConfig:
@@ -115,6 +139,15 @@ class GraspEvalConfig:
     top_n: int = 1
     min_distance: int = 10
     threshold: float = 0.0
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "top_n": AT_LEAST_ONE,
+        "min_distance": AT_LEAST_ONE,
+        "threshold": PROBABILITY,
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -338,13 +371,15 @@ def restore_grasp_model(
     ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
     """
     from ..config import apply_overrides
-    from .checkpoint import shipped_weights
+    from .checkpoint import build_for_weights, check_meta, shipped_weights
 
     if ckpt.get("meta", {}).get("task") != "grasp":
         raise ValueError("checkpoint is not a grasp checkpoint")
+    check_meta(ckpt["meta"])
     cfg = apply_overrides(GraspConfig(), ckpt["config"])
-    model = build_grasp_model(cfg)
-    model.load_state_dict(shipped_weights(ckpt, use_ema))
+    model = build_for_weights(
+        lambda: build_grasp_model(cfg), shipped_weights(ckpt, use_ema), "checkpoint"
+    )
     return model.eval(), cfg
 
 
