@@ -32,15 +32,7 @@ T = TypeVar("T")
 
 
 class ConfigError(VisionTfmError, ValueError):
-    """A config key is unknown, or its value has the wrong type or is out of range.
-
-    ``key`` is the field name when the error comes from a dataclass's own range check, so
-    :func:`apply_overrides` can prefix its section (``lr`` -> ``optim.lr``).
-    """
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
+    """A config key is unknown, or its value has the wrong type or is out of range."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,21 +82,21 @@ def check_ranges(cfg: Any) -> None:
 
     Tuple fields are checked element by element; the fields named in its ``ORDERED`` must also
     be ``(low, high)`` pairs with ``low <= high``. Raises a one-line :class:`ConfigError` naming
-    the field and the valid range.
+    the key (``SECTION.field``, e.g. ``optim.lr``) and the valid range.
     """
-    ranges: Mapping[str, Range] = type(cfg).RANGES
-    ordered: tuple[str, ...] = getattr(type(cfg), "ORDERED", ())
-    for name, rng in ranges.items():
+    kind = type(cfg)
+    section = f"{kind.SECTION}." if getattr(kind, "SECTION", "") else ""
+    for name, rng in kind.RANGES.items():
         value = getattr(cfg, name)
         values = value if isinstance(value, (tuple, list)) else (value,)
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in rng:
-                raise ConfigError(f"{name} must be {rng}, got {_show(value)}", key=name)
-    for name in ordered:
+                raise ConfigError(f"{section}{name} must be {rng}, got {_show(value)}")
+    for name in getattr(kind, "ORDERED", ()):
         lo, hi = getattr(cfg, name)
         if lo > hi:
             raise ConfigError(
-                f"{name} must be (low, high) with low <= high, got {_show((lo, hi))}", key=name
+                f"{section}{name} must be (low, high) with low <= high, got {_show((lo, hi))}"
             )
 
 
@@ -213,12 +205,7 @@ def apply_overrides(cfg: T, overrides: Mapping[str, Any], prefix: str = "") -> T
             flat[head] = _coerce(value, hints[head], prefix + head, finite=not ranged)
     for head, sub_over in nested.items():
         flat[head] = apply_overrides(getattr(cfg, head), sub_over, prefix + head + ".")
-    try:
-        return dataclasses.replace(cfg, **flat)  # runs the dataclass's own range checks
-    except ConfigError as e:
-        if e.key is None or not prefix:
-            raise
-        raise ConfigError(f"{prefix}{e}", key=None) from None
+    return dataclasses.replace(cfg, **flat)  # runs the dataclass's own range checks
 
 
 def parse_cli_overrides(items: list[str]) -> dict[str, Any]:

@@ -343,6 +343,17 @@ def test_config_asking_for_a_huge_model_is_refused_before_allocating(tmp_path) -
         restore_cls_model(ck)
 
 
+def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_path) -> None:
+    from vision_tfm.train.launch import base_parser, resolve_config
+
+    ck = torch.load(stopped_run / "last.pt", weights_only=True)
+    ck["config"]["model"]["kwargs"]["embed_dim"] = 65536
+    torch.save(ck, tmp_path / "last.pt")
+    args = base_parser("t").parse_intermixed_args(["--resume", str(tmp_path / "last.pt")])
+    with pytest.raises(CheckpointError, match=r"last\.pt: the weights do not fit"):
+        resolve_config(ClsConfig(), args, ROOT / "configs" / "cls", "_mnist", task="cls")
+
+
 @pytest.mark.parametrize("seconds", ["inf", "nan", "-1"])
 def test_benchmark_refuses_unending_or_meaningless_seconds(tmp_path, capsys, seconds) -> None:
     path = _ckpt(tmp_path / "ck.pt")

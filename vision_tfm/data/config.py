@@ -66,6 +66,7 @@ class AugConfig:
     mixup_switch_prob: float = 0.5
     label_smoothing: float = 0.0
 
+    SECTION: ClassVar[str] = "aug"
     RANGES: ClassVar[dict[str, Range]] = {
         "scale": POSITIVE,
         "translate": PROBABILITY,
@@ -116,6 +117,7 @@ class DataConfig:
     crop_pct: float = 1.0
     train_subset: int = 0
 
+    SECTION: ClassVar[str] = "data"
     RANGES: ClassVar[dict[str, Range]] = {
         "img_size": AT_LEAST_ONE,
         "batch_size": AT_LEAST_ONE,

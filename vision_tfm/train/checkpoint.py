@@ -28,6 +28,7 @@ __all__ = [
     "RESUME_KEYS",
     "atomic_save",
     "build_for_weights",
+    "check_fits",
     "check_meta",
     "get_rng_state",
     "load_checkpoint",
@@ -152,14 +153,13 @@ def check_meta(meta: dict[str, Any], what: str = "checkpoint") -> None:
             raise CheckpointError(f"{what}: meta {key!r} must be {expected}, got {meta.get(key)!r}")
 
 
-def build_for_weights(
+def check_fits(
     build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor], what: str
-) -> nn.Module:
-    """Build a model for ``weights`` without trusting the config it was built from.
+) -> None:
+    """Check that ``weights`` fit the model ``build`` makes, without allocating that model.
 
-    The model is first built on the meta device (no memory), and its state-dict shapes are
-    compared with the weights'; only a model that fits is then built for real and loaded. A
-    config edited to ask for a huge model is refused in one line instead of ending in
+    The model is built on the meta device (no memory) and the state-dict shapes compared, so
+    a config edited to ask for a huge model is refused in one line instead of ending in
     ``std::bad_alloc``.
     """
     with torch.device("meta"):
@@ -173,6 +173,13 @@ def build_for_weights(
                 f"mismatch {key!r}: weights {shapes[0]}, config {shapes[1]}); has the config "
                 f"been edited?"
             )
+
+
+def build_for_weights(
+    build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor], what: str
+) -> nn.Module:
+    """:func:`check_fits`, then build the model for real and load ``weights``."""
+    check_fits(build, weights, what)
     model = build()
     model.load_state_dict(weights)
     return model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "ClassificationTask",
     "ClsConfig",
     "build_cls_model",
+    "cls_model_builder",
     "eval_data_config",
     "restore_cls_model",
 ]
@@ -158,19 +160,21 @@ def restore_cls_model(
 
     ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
     """
-    from ..config import apply_overrides
-
     if ckpt.get("meta", {}).get("task") != "cls":
         raise ValueError("checkpoint is not a classification checkpoint")
+    build, cfg = cls_model_builder(ckpt)
+    return build_for_weights(build, shipped_weights(ckpt, use_ema), "checkpoint").eval(), cfg
+
+
+def cls_model_builder(ckpt: dict[str, Any]) -> tuple[Callable[[], nn.Module], ClsConfig]:
+    """What rebuilds a checkpoint's classifier (uncalled, so it can run on the meta device)."""
+    from ..config import apply_overrides
+
     meta = ckpt["meta"]
     check_meta(meta)
     cfg = apply_overrides(ClsConfig(), ckpt["config"])
-    model = build_for_weights(
-        lambda: build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"]),
-        shipped_weights(ckpt, use_ema),
-        "checkpoint",
-    )
-    return model.eval(), cfg
+    size = (meta["num_classes"], meta["in_chans"], meta["img_size"])
+    return lambda: build_cls_model(cfg.model, *size), cfg
 
 
 def eval_data_config(cfg: ClsConfig, meta: dict[str, Any]) -> DataConfig:

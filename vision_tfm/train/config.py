@@ -84,6 +84,7 @@ class OptimConfig:
     accum_steps: int = 1
     layer_decay: float = 0.0
 
+    SECTION: ClassVar[str] = "optim"
     RANGES: ClassVar[dict[str, Range]] = {
         "lr": POSITIVE,
         "lr_base_batch": NON_NEGATIVE,
@@ -108,6 +109,7 @@ class SchedConfig:
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
 
+    SECTION: ClassVar[str] = "sched"
     RANGES: ClassVar[dict[str, Range]] = {
         "epochs": AT_LEAST_ONE,
         "warmup_epochs": NON_NEGATIVE,
@@ -132,6 +134,7 @@ class EmaConfig:
     decay: float = 0.9998
     warmup: bool = True
 
+    SECTION: ClassVar[str] = "ema"
     RANGES: ClassVar[dict[str, Range]] = {"decay": Range(0, 1)}
 
     def __post_init__(self) -> None:
@@ -168,6 +171,7 @@ class RunConfig:
     plots: bool = True
     stop_after: int = 0
 
+    SECTION: ClassVar[str] = "run"
     RANGES: ClassVar[dict[str, Range]] = {
         "seed": Range(0, 2**32 - 1),
         "threads": NON_NEGATIVE,

@@ -7,6 +7,7 @@ decodes the top-n grasps per view and scores them with the rectangle metric
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ __all__ = [
     "GraspTask",
     "check_grasp_model",
     "draw_grasps",
+    "grasp_model_builder",
     "restore_grasp_model",
 ]
 
@@ -79,6 +81,7 @@ class GraspDataConfig:
     repeat: int = 1
     cache: bool = False
 
+    SECTION: ClassVar[str] = "data"
     RANGES: ClassVar[dict[str, Range]] = {
         "train_frac": Range(0, 1, lo_open=True, hi_open=True),
         "output_size": AT_LEAST_ONE,
@@ -119,6 +122,7 @@ class GraspLossConfig:
     geometry: str = "graspable"
     width_weight: float = 10.0
 
+    SECTION: ClassVar[str] = "loss"
     RANGES: ClassVar[dict[str, Range]] = {"width_weight": NON_NEGATIVE}
 
     def __post_init__(self) -> None:
@@ -140,6 +144,7 @@ class GraspEvalConfig:
     min_distance: int = 10
     threshold: float = 0.0
 
+    SECTION: ClassVar[str] = "eval"
     RANGES: ClassVar[dict[str, Range]] = {
         "top_n": AT_LEAST_ONE,
         "min_distance": AT_LEAST_ONE,
@@ -370,17 +375,23 @@ def restore_grasp_model(
 
     ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
     """
-    from ..config import apply_overrides
-    from .checkpoint import build_for_weights, check_meta, shipped_weights
+    from .checkpoint import build_for_weights, shipped_weights
 
     if ckpt.get("meta", {}).get("task") != "grasp":
         raise ValueError("checkpoint is not a grasp checkpoint")
+    build, cfg = grasp_model_builder(ckpt)
+    model = build_for_weights(build, shipped_weights(ckpt, use_ema), "checkpoint")
+    return model.eval(), cfg
+
+
+def grasp_model_builder(ckpt: dict[str, Any]) -> tuple[Callable[[], nn.Module], GraspConfig]:
+    """What rebuilds a checkpoint's grasp model (uncalled, so it can run on the meta device)."""
+    from ..config import apply_overrides
+    from .checkpoint import check_meta
+
     check_meta(ckpt["meta"])
     cfg = apply_overrides(GraspConfig(), ckpt["config"])
-    model = build_for_weights(
-        lambda: build_grasp_model(cfg), shipped_weights(ckpt, use_ema), "checkpoint"
-    )
-    return model.eval(), cfg
+    return lambda: build_grasp_model(cfg), cfg
 
 
 def predict_grasps(
