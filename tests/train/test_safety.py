@@ -125,7 +125,6 @@ def test_bad_yaml_in_an_override_names_the_key() -> None:
     ("script", "args", "key"),
     [
         ("train_cls.py", ["optim.lr=inf"], "optim.lr"),
-        ("train_grasp.py", ["--data", "nowhere", "data.width_scale=0"], "data.width_scale"),
     ],
 )
 def test_cli_refuses_bad_settings_in_one_line(tmp_path, script, args, key) -> None:
@@ -344,14 +343,12 @@ def test_config_asking_for_a_huge_model_is_refused_before_allocating(tmp_path) -
 
 
 def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_path) -> None:
-    from vision_tfm.train.launch import base_parser, resolve_config
-
     ck = torch.load(stopped_run / "last.pt", weights_only=True)
-    ck["config"]["model"]["kwargs"]["embed_dim"] = 65536
-    torch.save(ck, tmp_path / "last.pt")
-    args = base_parser("t").parse_intermixed_args(["--resume", str(tmp_path / "last.pt")])
+    ck["config"]["model"]["kwargs"]["embed_dim"] = 65536  # what --resume builds the model from
+    own = _copy_run(stopped_run, tmp_path / "runs" / "vit_mnist-x")
+    torch.save(ck, own / "last.pt")
     with pytest.raises(CheckpointError, match=r"last\.pt: the weights do not fit"):
-        resolve_config(ClsConfig(), args, ROOT / "configs" / "cls", "_mnist", task="cls")
+        run(tiny_cfg(tmp_path / "runs", **{"model.kwargs.embed_dim": 65536}), own / "last.pt")
 
 
 @pytest.mark.parametrize("seconds", ["inf", "nan", "-1"])
@@ -368,4 +365,14 @@ def test_benchmark_checks_its_output_folder_before_any_work(tmp_path, capsys, mo
     monkeypatch.setattr(export, "benchmark_checkpoint", lambda *a, **k: pytest.fail("worked"))
     path = _ckpt(tmp_path / "ck.pt")
     code, err = _vtfm(capsys, "benchmark", "--checkpoint", path, "--out", READ_ONLY, "--quick")
+    assert code == 2 and "--out: cannot write in /sys" in err
+
+
+def test_export_checks_its_output_folder_before_any_work(tmp_path, capsys, monkeypatch) -> None:
+    _need_read_only()
+    import vision_tfm.export.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_source", lambda *a, **k: pytest.fail("worked"))
+    path = _ckpt(tmp_path / "ck.pt")
+    code, err = _vtfm(capsys, "export", "--checkpoint", path, "--out", READ_ONLY / "m.onnx")
     assert code == 2 and "--out: cannot write in /sys" in err

@@ -107,6 +107,10 @@ class ClassificationTask:
     def collate(self, batch: list) -> Any:
         return default_collate(batch)
 
+    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
+        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
+        return cls_model_builder(ckpt)[0]
+
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, y = (t.to(device, non_blocking=True) for t in batch)
         if self.mixup is not None:

@@ -42,7 +42,13 @@ from .. import __version__
 from ..config import config_to_dict
 from ..errors import CheckpointError, VisionTfmError
 from ..models.convert import check_finite
-from .checkpoint import atomic_save, get_rng_state, load_checkpoint, set_rng_state
+from .checkpoint import (
+    atomic_save,
+    check_fits,
+    get_rng_state,
+    load_checkpoint,
+    set_rng_state,
+)
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, save_config
 from .distributed import all_reduce_sum, cleanup, init_distributed, is_main, world_size
 from .logging import MetricLogger
@@ -208,6 +214,8 @@ class Trainer:
         self.distributed = init_distributed(self.device)
         seed_everything(cfg.run.seed)
         self.ckpt = load_checkpoint(self.resume_path, resume=True) if self.resume_path else None
+        if self.ckpt is not None:
+            self._check_weights()
         model, self.train_ds, self.val_ds, self.meta = self.task.build()
         self.meta["weights"] = "ema" if cfg.ema.enabled else "model"  # what the run ships
         self.tracked = f"ema_{self.task.metric}" if cfg.ema.enabled else self.task.metric
@@ -255,6 +263,15 @@ class Trainer:
             t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
             self._compile_t0 = t0
+
+    def _check_weights(self) -> None:
+        """Before anything is built: finite weights that fit the model the checkpoint's config
+        describes, checked on the meta device (an edited config cannot make a huge model)."""
+        what = str(self.resume_path)
+        check_finite(self.ckpt["model"], what)
+        builder = getattr(self.task, "model_builder", None)
+        if builder is not None:
+            check_fits(builder(self.ckpt), self.ckpt["model"], what)
 
     def _check_compatible(self, model: nn.Module) -> None:
         ck_name = self.ckpt["meta"].get("model_name")

@@ -147,7 +147,7 @@ class GraspEvalConfig:
     SECTION: ClassVar[str] = "eval"
     RANGES: ClassVar[dict[str, Range]] = {
         "top_n": AT_LEAST_ONE,
-        "min_distance": AT_LEAST_ONE,
+        "min_distance": NON_NEGATIVE,
         "threshold": PROBABILITY,
     }
 
@@ -218,17 +218,6 @@ class GraspTask:
             raise ValueError(
                 f"loss.geometry must be one of {list(_GEOMETRY)}, got {cfg.loss.geometry!r}"
             )
-        if cfg.data.output_size < 1:
-            raise ValueError(f"data.output_size must be >= 1, got {cfg.data.output_size}")
-        if cfg.data.crop_size < 0:
-            raise ValueError(
-                f"data.crop_size must be >= 0 (0: the shorter image side), got {cfg.data.crop_size}"
-            )
-        if cfg.eval.min_distance < 0 or cfg.eval.top_n < 1:
-            raise ValueError(
-                f"eval.min_distance must be >= 0 and eval.top_n >= 1, "
-                f"got {cfg.eval.min_distance} and {cfg.eval.top_n}"
-            )
         check_grasp_model(cfg.model.name)
         self.cfg = cfg
         self.batch_size = cfg.data.batch_size
@@ -278,6 +267,10 @@ class GraspTask:
 
     def collate(self, batch: list) -> Any:
         return grasp_collate(batch)
+
+    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
+        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
+        return grasp_model_builder(ckpt)[0]
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, maps, _ = batch

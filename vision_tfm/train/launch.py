@@ -10,8 +10,7 @@ from typing import Any, TypeVar
 
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
 from ..errors import VisionTfmError
-from ..models.convert import check_finite
-from .checkpoint import check_fits, load_checkpoint
+from .checkpoint import load_checkpoint
 from .engine import NonFiniteLossError
 
 __all__ = ["TASKS", "base_parser", "resolve_config", "run_cli"]
@@ -94,7 +93,6 @@ def resolve_config(
             base = apply_overrides(default, ckpt["config"])
         except ConfigError as e:
             raise ConfigError(f"{args.resume}: the checkpoint's config: {e}") from None
-        _check_weights(ckpt, task, args.resume)
         if args.model and over.get("model.name", base.model.name) != base.model.name:
             raise ValueError(
                 f"{args.resume} holds a {base.model.name!r} checkpoint, "
@@ -112,17 +110,6 @@ def resolve_config(
                 )
         return load_config(base, None, over)
     return load_config(default, cfg_path, over)
-
-
-def _check_weights(ckpt: dict[str, Any], task: str, path: str) -> None:
-    """Before a resume builds anything: finite weights that fit the model the config describes
-    (checked on the meta device, so an edited config cannot make it allocate a huge model)."""
-    from .classification import cls_model_builder
-    from .grasp import grasp_model_builder
-
-    check_finite(ckpt["model"], path)
-    build, _ = {"cls": cls_model_builder, "grasp": grasp_model_builder}[task](ckpt)
-    check_fits(build, ckpt["model"], path)
 
 
 def run_cli(main: Callable[[], Any]) -> None:
