@@ -2,7 +2,9 @@
 
 Every override (YAML, ``key.sub=value`` on the CLI, ``create_model(**kw)``) goes through
 :func:`apply_overrides`, so an unknown key or a wrong type fails in one line that names the
-key, instead of being silently ignored or failing later inside a model.
+key, instead of being silently ignored or failing later inside a model. Floats must be finite,
+and a config dataclass declares the valid range of each numeric field (``RANGES``), checked in
+its ``__post_init__`` (:func:`check_ranges`) however it is built.
 """
 
 from __future__ import annotations
@@ -161,9 +163,8 @@ def _coerce(value: Any, tp: Any, key: str, finite: bool = True) -> Any:
         raise ConfigError(f"config key {key!r}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if finite and not math.isfinite(
-                value
-            ):  # nan/inf silently disable or poison what reads them
+            # nan / inf silently disable or poison whatever reads them
+            if finite and not math.isfinite(value):
                 raise ConfigError(f"config key {key!r}: expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"config key {key!r}: expected a number, got {value!r}")

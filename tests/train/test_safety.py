@@ -188,6 +188,20 @@ def test_a_second_resume_of_a_run_dir_in_use_names_the_pid(stopped_run, tmp_path
     assert (own / "metrics.csv").read_bytes() == before
 
 
+def test_a_run_that_moved_on_while_we_loaded_is_not_overwritten(stopped_run, tmp_path) -> None:
+    own = _copy_run(stopped_run, tmp_path / "runs" / "vit_mnist-x")
+    cfg = tiny_cfg(tmp_path / "runs")
+    trainer = Trainer(cfg, ClassificationTask(cfg), resume=own / "last.pt")
+    trainer._setup()  # loaded; now another run writes a newer last.pt before we lock
+    atomic_save(load_checkpoint(own / "last.pt"), own / "last.pt")
+    newer = (own / "last.pt").read_bytes()
+    try:
+        trainer._fit()
+    finally:
+        trainer._lock.release()
+    assert trainer.run_dir != own and (own / "last.pt").read_bytes() == newer
+
+
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path) -> None:
     (tmp_path / LOCK_FILE).write_text("999999999\n")  # a PID file nobody holds a lock on
     with RunLock(tmp_path):

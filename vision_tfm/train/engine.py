@@ -121,6 +121,12 @@ class _State:
     best: float = -math.inf
 
 
+def _file_id(path: Path) -> tuple[int, int, int]:
+    """Changes when a file is replaced (atomic_save) or rewritten."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def seed_everything(seed: int) -> None:
     """Seed torch, numpy and Python RNGs."""
     torch.manual_seed(seed)
@@ -213,6 +219,8 @@ class Trainer:
         self.device = self._device()
         self.distributed = init_distributed(self.device)
         seed_everything(cfg.run.seed)
+        if self.resume_path is not None:  # identity first: a later replace shows as a change
+            self._resume_id = _file_id(self.resume_path) if self.resume_path.exists() else None
         self.ckpt = load_checkpoint(self.resume_path, resume=True) if self.resume_path else None
         if self.ckpt is not None:
             self._check_weights()
@@ -429,8 +437,10 @@ class Trainer:
         last.pt with another lineage and repeat epochs in metrics.csv.
         """
         last = self.resume_path.parent / "last.pt"
-        if self.resume_path.name == last.name:
-            return True
+        if self.resume_path.name == last.name:  # unless another run has replaced it since
+            with contextlib.suppress(OSError):
+                return _file_id(last) == self._resume_id
+            return False
         try:
             return load_checkpoint(last, resume=True)["state"] == self.ckpt["state"]
         except (OSError, ValueError):  # no (readable) last.pt: nothing to continue there
