@@ -22,7 +22,7 @@ def _load_cls(ckpt_path: str, ema: bool | None):
     from .train.classification import eval_data_config, restore_cls_model
 
     ckpt = load_checkpoint(ckpt_path)
-    model, cfg = restore_cls_model(ckpt, use_ema=ema)
+    model, cfg = restore_cls_model(ckpt, use_ema=ema, source=str(ckpt_path))
     return model, ckpt["meta"], eval_data_config(cfg, ckpt["meta"])
 
 

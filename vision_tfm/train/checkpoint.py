@@ -169,9 +169,9 @@ def check_fits(
         if mine is None or theirs is None or tuple(mine.shape) != tuple(theirs.shape):
             shapes = [tuple(t.shape) if t is not None else "absent" for t in (theirs, mine)]
             raise CheckpointError(
-                f"{what}: the weights do not fit the model its config describes (first "
-                f"mismatch {key!r}: weights {shapes[0]}, config {shapes[1]}); has the config "
-                f"been edited?"
+                f"{what}: the weights do not fit the model its config describes (size "
+                f"mismatch {key!r}: weights {shapes[0]}, model {shapes[1]}); has its config "
+                f"changed since training?"
             )
 
 
@@ -185,7 +185,9 @@ def build_for_weights(
     return model
 
 
-def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[str, Any]:
+def shipped_weights(
+    ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
+) -> dict[str, Any]:
     """The state dict a checkpoint is used with: the EMA when the run tracked it.
 
     Args:
@@ -204,7 +206,7 @@ def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[s
     weights = ckpt["model"]
     if use_ema and ckpt.get("ema") is not None:
         weights = {k.removeprefix("module."): v for k, v in ckpt["ema"].items()}
-    check_finite(weights, "checkpoint")
+    check_finite(weights, source)
     return weights
 
 

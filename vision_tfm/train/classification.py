@@ -158,24 +158,27 @@ class ClassificationTask:
 
 
 def restore_cls_model(
-    ckpt: dict[str, Any], use_ema: bool | None = None
+    ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, ClsConfig]:
     """Rebuild a trained classifier from a checkpoint dict (config + weights).
 
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
+    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
+    the checkpoint in errors.
     """
     if ckpt.get("meta", {}).get("task") != "cls":
         raise ValueError("checkpoint is not a classification checkpoint")
-    build, cfg = cls_model_builder(ckpt)
-    return build_for_weights(build, shipped_weights(ckpt, use_ema), "checkpoint").eval(), cfg
+    build, cfg = cls_model_builder(ckpt, source)
+    return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
 
 
-def cls_model_builder(ckpt: dict[str, Any]) -> tuple[Callable[[], nn.Module], ClsConfig]:
+def cls_model_builder(
+    ckpt: dict[str, Any], source: str = "checkpoint"
+) -> tuple[Callable[[], nn.Module], ClsConfig]:
     """What rebuilds a checkpoint's classifier (uncalled, so it can run on the meta device)."""
     from ..config import apply_overrides
 
     meta = ckpt["meta"]
-    check_meta(meta)
+    check_meta(meta, source)
     cfg = apply_overrides(ClsConfig(), ckpt["config"])
     size = (meta["num_classes"], meta["in_chans"], meta["img_size"])
     return lambda: build_cls_model(cfg.model, *size), cfg

@@ -362,27 +362,30 @@ def draw_grasps(image: np.ndarray, preds: list, gt_rects: np.ndarray | None, pat
 
 
 def restore_grasp_model(
-    ckpt: dict[str, Any], use_ema: bool | None = None
+    ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, GraspConfig]:
     """Rebuild a trained grasp model from a checkpoint dict.
 
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
+    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
+    the checkpoint in errors.
     """
     from .checkpoint import build_for_weights, shipped_weights
 
     if ckpt.get("meta", {}).get("task") != "grasp":
         raise ValueError("checkpoint is not a grasp checkpoint")
-    build, cfg = grasp_model_builder(ckpt)
-    model = build_for_weights(build, shipped_weights(ckpt, use_ema), "checkpoint")
+    build, cfg = grasp_model_builder(ckpt, source)
+    model = build_for_weights(build, shipped_weights(ckpt, use_ema, source), source)
     return model.eval(), cfg
 
 
-def grasp_model_builder(ckpt: dict[str, Any]) -> tuple[Callable[[], nn.Module], GraspConfig]:
+def grasp_model_builder(
+    ckpt: dict[str, Any], source: str = "checkpoint"
+) -> tuple[Callable[[], nn.Module], GraspConfig]:
     """What rebuilds a checkpoint's grasp model (uncalled, so it can run on the meta device)."""
     from ..config import apply_overrides
     from .checkpoint import check_meta
 
-    check_meta(ckpt["meta"])
+    check_meta(ckpt["meta"], source)
     cfg = apply_overrides(GraspConfig(), ckpt["config"])
     return lambda: build_grasp_model(cfg), cfg
 
@@ -403,7 +406,7 @@ def predict_grasps(
     from ..grasp import Grasp
     from .checkpoint import load_checkpoint
 
-    model, cfg = restore_grasp_model(load_checkpoint(checkpoint), use_ema)
+    model, cfg = restore_grasp_model(load_checkpoint(checkpoint), use_ema, str(checkpoint))
     d = cfg.data
     rgb = load_rgb(image) if d.input != "depth" else None
     dep = None
