@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import VisionTfmError
 from .models.convert import check_checkpoint_path
 
 __all__ = ["main"]
@@ -21,7 +22,7 @@ def _load_cls(ckpt_path: str, ema: bool | None):
     from .train.classification import eval_data_config, restore_cls_model
 
     ckpt = load_checkpoint(ckpt_path)
-    model, cfg = restore_cls_model(ckpt, use_ema=ema)
+    model, cfg = restore_cls_model(ckpt, use_ema=ema, source=str(ckpt_path))
     return model, ckpt["meta"], eval_data_config(cfg, ckpt["meta"])
 
 
@@ -160,6 +161,7 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     from .export import BenchOptions, benchmark_checkpoint, write_tables
     from .export.benchmark import TABLE_FILES, markdown_table
     from .export.pipeline import refuse_existing
+    from .train.rundir import check_writable_dir
 
     given = {
         "formats": tuple(f.strip() for f in args.formats.split(",") if f.strip()),
@@ -189,9 +191,12 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     else:
         out = Path(args.out) if args.out else Path(f"benchmark-{args.model}")
     refuse_existing([out / n for n in TABLE_FILES], args.overwrite)
+    check_writable_dir(out, "--out")  # the table is written last: fail now, not after the work
     keep = Path(args.keep_exports) if args.keep_exports else None
     if keep is not None and keep.exists() and any(keep.iterdir()) and not args.overwrite:
         raise FileExistsError(f"--keep-exports: {keep} is not empty; pass --overwrite to reuse it")
+    if keep is not None:
+        check_writable_dir(keep, "--keep-exports")
     progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
     result = benchmark_checkpoint(args.checkpoint, opts, args.keep_exports, log=progress)
     paths = write_tables(result, out)  # files first: a closed stdout must not lose them
@@ -341,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         args.fn(args)
-    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, VisionTfmError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     finally:

@@ -2,13 +2,16 @@
 
 Every override (YAML, ``key.sub=value`` on the CLI, ``create_model(**kw)``) goes through
 :func:`apply_overrides`, so an unknown key or a wrong type fails in one line that names the
-key, instead of being silently ignored or failing later inside a model.
+key, instead of being silently ignored or failing later inside a model. Floats must be finite,
+and a config dataclass declares the valid range of each numeric field (``RANGES``), checked in
+its ``__post_init__`` (:func:`check_ranges`) however it is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -16,13 +19,91 @@ from typing import Any, TypeVar
 
 import yaml
 
-__all__ = ["ConfigError", "apply_overrides", "config_to_dict", "parse_cli_overrides"]
+from .errors import VisionTfmError
+
+__all__ = [
+    "ConfigError",
+    "Range",
+    "apply_overrides",
+    "check_ranges",
+    "config_to_dict",
+    "parse_cli_overrides",
+]
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A config key is unknown or its value has the wrong type."""
+class ConfigError(VisionTfmError, ValueError):
+    """A config key is unknown, or its value has the wrong type or is out of range."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric config field; ``str()`` is what the error shows.
+
+    Attributes:
+        lo, hi: Bounds (None = unbounded); every value must also be finite.
+        lo_open, hi_open: Exclude the bound itself.
+        zero: 0 is also allowed (a field where 0 means "off").
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    zero: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        if not math.isfinite(v):
+            return False
+        if self.zero and v == 0:
+            return True
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return self.hi is None or not (v > self.hi or (self.hi_open and v == self.hi))
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            text = "finite" if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        else:
+            lo = "-inf" if self.lo is None else f"{self.lo:g}"
+            text = (
+                f"in {'(' if self.lo_open else '['}{lo}, {self.hi:g}{')' if self.hi_open else ']'}"
+            )
+        return f"0 or {text}" if self.zero else text
+
+
+POSITIVE = Range(0, lo_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_ONE = Range(1)
+PROBABILITY = Range(0, 1)
+
+
+def check_ranges(cfg: Any) -> None:
+    """Check a config dataclass's numeric fields against its ``RANGES`` (from ``__post_init__``).
+
+    Tuple fields are checked element by element; the fields named in its ``ORDERED`` must also
+    be ``(low, high)`` pairs with ``low <= high``. Raises a one-line :class:`ConfigError` naming
+    the key (``SECTION.field``, e.g. ``optim.lr``) and the valid range.
+    """
+    kind = type(cfg)
+    section = f"{kind.SECTION}." if getattr(kind, "SECTION", "") else ""
+    for name, rng in kind.RANGES.items():
+        value = getattr(cfg, name)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in rng:
+                raise ConfigError(f"{section}{name} must be {rng}, got {_show(value)}")
+    for name in getattr(kind, "ORDERED", ()):
+        lo, hi = getattr(cfg, name)
+        if lo > hi:
+            raise ConfigError(
+                f"{section}{name} must be (low, high) with low <= high, got {_show((lo, hi))}"
+            )
+
+
+def _show(value: Any) -> str:
+    return f"[{', '.join(map(str, value))}]" if isinstance(value, (tuple, list)) else str(value)
 
 
 def _hint(key: str, options: list[str], prefix: str = "") -> str:
@@ -31,8 +112,12 @@ def _hint(key: str, options: list[str], prefix: str = "") -> str:
     return f"; did you mean {', '.join(named)}?" if close else f"; valid keys: {', '.join(named)}"
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against annotation ``tp``; allow only lossless promotions (int->float)."""
+def _coerce(value: Any, tp: Any, key: str, finite: bool = True) -> Any:
+    """Check ``value`` against annotation ``tp``; allow only lossless promotions (int->float).
+
+    ``finite=False`` lets nan/inf through to a field's own :class:`Range`, whose message also
+    names the valid range.
+    """
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
@@ -44,7 +129,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                     return None
                 continue
             try:
-                return _coerce(value, arm, key)
+                return _coerce(value, arm, key, finite)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(f"config key {key!r}: {value!r} does not match {tp}")
@@ -57,10 +142,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(
                     f"config key {key!r}: expected {len(args)} values, got {len(value)}"
                 )
-            items = [_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
+            items = [
+                _coerce(v, a, f"{key}[{i}]", finite) for i, (v, a) in enumerate(zip(value, args))
+            ]
         else:
             arg = args[0] if args else Any
-            items = [_coerce(v, arg, f"{key}[{i}]") for i, v in enumerate(value)]
+            items = [_coerce(v, arg, f"{key}[{i}]", finite) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
@@ -76,6 +163,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(f"config key {key!r}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # nan / inf silently disable or poison whatever reads them
+            if finite and not math.isfinite(value):
+                raise ConfigError(f"config key {key!r}: expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(f"config key {key!r}: expected a number, got {value!r}")
     if tp is str:
@@ -112,10 +202,11 @@ def apply_overrides(cfg: T, overrides: Mapping[str, Any], prefix: str = "") -> T
                 raise ConfigError(f"config key {prefix + head!r}: expected a mapping")
             nested.setdefault(head, {}).update(value)
         else:
-            flat[head] = _coerce(value, hints[head], prefix + head)
+            ranged = head in getattr(type(cfg), "RANGES", {})
+            flat[head] = _coerce(value, hints[head], prefix + head, finite=not ranged)
     for head, sub_over in nested.items():
         flat[head] = apply_overrides(getattr(cfg, head), sub_over, prefix + head + ".")
-    return dataclasses.replace(cfg, **flat)
+    return dataclasses.replace(cfg, **flat)  # runs the dataclass's own range checks
 
 
 def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
@@ -125,7 +216,13 @@ def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            why = str(e).splitlines()[0]
+            raise ConfigError(
+                f"override {key.strip()!r}: {raw!r} is not valid YAML ({why})"
+            ) from None
         if isinstance(value, str) and _looks_numeric(raw):
             value = float(raw)  # YAML 1.1 reads '1e-3' as a string
         out[key.strip()] = value

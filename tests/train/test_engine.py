@@ -190,8 +190,8 @@ def test_training_split_smaller_than_a_batch_is_refused(tmp_path):
     ],
 )
 def test_bad_settings_fail_before_a_run_dir(tmp_path, key, value, msg):
-    cfg = tiny_cfg(tmp_path, **{key: value})
     with pytest.raises(ValueError, match=msg) as e:
+        cfg = tiny_cfg(tmp_path, **{key: value})
         Trainer(cfg, ClassificationTask(cfg)).fit()
     assert "\n" not in str(e.value)
     assert not list(tmp_path.iterdir())  # no run dir left behind

@@ -20,17 +20,23 @@ from .config import (
     resolve_mean_std,
 )
 from .datasets import (
+    MAX_ASPECT_RATIO,
+    MAX_IMAGE_PIXELS,
     ArrayDataset,
     ImageFolderDataset,
     infer_dataset_kind,
     load_cifar10,
     load_image,
+    open_image,
+    read_data_pickle,
     scan_image_folder,
 )
 from .mnist import MNIST_CLASSES, load_mnist, read_idx
 from .transforms import build_eval_transform, build_train_transform, to_in_chans
 
 __all__ = [
+    "MAX_ASPECT_RATIO",
+    "MAX_IMAGE_PIXELS",
     "AugConfig",
     "ClsData",
     "DataConfig",
@@ -41,6 +47,8 @@ __all__ = [
     "load_cifar10",
     "load_image",
     "load_mnist",
+    "open_image",
+    "read_data_pickle",
     "read_idx",
     "to_in_chans",
 ]

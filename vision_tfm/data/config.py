@@ -9,6 +9,9 @@ fields. Zero or empty values mean "use the dataset's default"; `resolve_in_chans
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, check_ranges
 
 DATASET_NAMES = ("mnist", "imagefolder", "cifar10")
 AUG_KINDS = ("affine", "rrc", "none")
@@ -63,6 +66,27 @@ class AugConfig:
     mixup_switch_prob: float = 0.5
     label_smoothing: float = 0.0
 
+    SECTION: ClassVar[str] = "aug"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "scale": POSITIVE,
+        "translate": PROBABILITY,
+        "rotate": Range(0, 180),
+        "crop_scale": Range(0, 1, lo_open=True),
+        "crop_ratio": POSITIVE,
+        "hflip": PROBABILITY,
+        "color_jitter": PROBABILITY,
+        "random_erasing": PROBABILITY,
+        "mixup": NON_NEGATIVE,
+        "cutmix": NON_NEGATIVE,
+        "mixup_prob": PROBABILITY,
+        "mixup_switch_prob": PROBABILITY,
+        "label_smoothing": Range(0, 1, hi_open=True),
+    }
+    ORDERED: ClassVar[tuple[str, ...]] = ("scale", "crop_scale", "crop_ratio")
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
 
 @dataclass
 class DataConfig:
@@ -93,6 +117,20 @@ class DataConfig:
     crop_pct: float = 1.0
     train_subset: int = 0
 
+    SECTION: ClassVar[str] = "data"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "img_size": AT_LEAST_ONE,
+        "batch_size": AT_LEAST_ONE,
+        "num_workers": NON_NEGATIVE,
+        "mean": Range(),
+        "std": POSITIVE,
+        "crop_pct": Range(0, 1, lo_open=True),
+        "train_subset": NON_NEGATIVE,
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
 
 def check_configs(cfg: DataConfig, aug: AugConfig | None = None) -> None:
     """Fail early, naming the field, instead of deep inside a data loader worker."""
@@ -104,16 +142,8 @@ def check_configs(cfg: DataConfig, aug: AugConfig | None = None) -> None:
         raise ValueError(
             f"data.in_chans={cfg.in_chans} is invalid; expected 0 (follow data), 1 or 3"
         )
-    if cfg.img_size <= 0:
-        raise ValueError(f"data.img_size={cfg.img_size} must be positive")
-    if not 0.0 < cfg.crop_pct <= 1.0:
-        raise ValueError(f"data.crop_pct={cfg.crop_pct} must be in (0, 1]")
-    if cfg.train_subset < 0:
-        raise ValueError(f"data.train_subset={cfg.train_subset} must be >= 0")
     if len(cfg.mean) != len(cfg.std):
         raise ValueError(f"data.mean has {len(cfg.mean)} values but data.std has {len(cfg.std)}")
-    if any(s <= 0 for s in cfg.std):
-        raise ValueError(f"data.std={cfg.std} must be positive")
     if aug is not None and aug.kind not in AUG_KINDS:
         raise ValueError(f"aug.kind={aug.kind!r} is unknown; expected one of {AUG_KINDS}")
     if aug is not None and (aug.mixup > 0 or aug.cutmix > 0) and cfg.batch_size % 2:

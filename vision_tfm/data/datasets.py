@@ -4,25 +4,41 @@ Corrupt-image policy (ImageFolder): construction only lists files, which stays f
 ImageNet-sized trees. A file that cannot be decoded (truncated, not an image) raises a
 one-line ValueError naming its path when it is first read. Nothing is skipped silently:
 skipping would shift class balance and make epoch lengths lie. Delete or fix the file and
-restart.
+restart. An image past :data:`MAX_IMAGE_PIXELS` or :data:`MAX_ASPECT_RATIO` is refused from its
+header, before any pixel is decoded.
+
+CIFAR-10 pickles are read by a restricted unpickler: plain containers, bytes, str, numbers and
+numpy arrays only, so a crafted ``data_batch_1`` cannot run code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ..errors import DataError, UnsafeFileError
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_VAL_FILE = "test_batch"
 CIFAR10_META_FILE = "batches.meta"
 CIFAR10_SUBDIR = "cifar-10-batches-py"  # what the official tarball extracts to
+
+MAX_IMAGE_PIXELS = 64_000_000
+"""Largest image (width x height) any loader decodes: 8000 x 8000. Larger files are refused
+before decoding (Pillow's own limit is a warning at 89 MP and a traceback at 179 MP)."""
+MAX_ASPECT_RATIO = 32
+"""Largest long-side / short-side ratio: a 1 x 20,000,000 strip passes a pixel limit but
+resizing its short side to the model's input would allocate gigabytes."""
 
 Transform = Callable[[np.ndarray], torch.Tensor]
 
@@ -75,13 +91,48 @@ def load_image(path: str | Path, in_chans: int = 3) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
+    with open_image(path) as im:
+        # convert() forces the full decode, so truncation surfaces here, not later.
+        arr = np.asarray(_as_8bit(im, path).convert("L" if in_chans == 1 else "RGB"))
+    return arr[:, :, None] if in_chans == 1 else arr
+
+
+def check_image_size(width: int, height: int, path: str | Path) -> None:
+    """Refuse sizes past :data:`MAX_IMAGE_PIXELS` / :data:`MAX_ASPECT_RATIO` (or empty)."""
+    if width < 1 or height < 1:
+        raise DataError(f"{path}: image is {width}x{height}, empty")
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(
+            f"{path}: image is {width}x{height} = {width * height:,} pixels, over the "
+            f"{MAX_IMAGE_PIXELS:,}-pixel limit (vision_tfm.data.MAX_IMAGE_PIXELS)"
+        )
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise DataError(
+            f"{path}: image is {width}x{height}, more than {MAX_ASPECT_RATIO}:1 "
+            f"(vision_tfm.data.MAX_ASPECT_RATIO)"
+        )
+
+
+@contextlib.contextmanager
+def open_image(path: str | Path) -> Iterator[Image.Image]:
+    """``Image.open`` that checks the header's size before anything is decoded.
+
+    Decoding errors inside the ``with`` block, as at open, become a one-line
+    :class:`~vision_tfm.errors.DataError` naming the file.
+    """
     try:
         with Image.open(path) as im:
-            # convert() forces the full decode, so truncation surfaces here, not later.
-            arr = np.asarray(_as_8bit(im, path).convert("L" if in_chans == 1 else "RGB"))
+            check_image_size(*im.size, path)
+            yield im
+    except DataError:
+        raise
+    except Image.DecompressionBombError:  # Pillow's own check runs inside open()
+        raise DataError(
+            f"{path}: image is over the {MAX_IMAGE_PIXELS:,}-pixel limit "
+            f"(vision_tfm.data.MAX_IMAGE_PIXELS)"
+        ) from None
     except (OSError, SyntaxError, ValueError) as e:
-        raise ValueError(f"cannot decode image {path}: {e}") from None
-    return arr[:, :, None] if in_chans == 1 else arr
+        raise DataError(f"cannot decode image {path}: {e}") from None
 
 
 def _as_8bit(im: Image.Image, path: Path) -> Image.Image:
@@ -159,31 +210,91 @@ def find_cifar10_dir(root: str | Path) -> Path | None:
     return None
 
 
-def _read_pickle(path: Path) -> dict:
+# The only globals a CIFAR-10 pickle needs: numpy array reconstruction (numpy 1.x and 2.x
+# module paths) and bytes from protocol-2 pickles. Containers, str, bytes and numbers are
+# opcodes, not globals.
+_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+}
+_PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
+
+
+class _DataUnpickler(pickle.Unpickler):
+    """Loads plain data only; any other global is refused before its module is imported."""
+
+    def __init__(self, file: io.BufferedIOBase, path: Path) -> None:
+        super().__init__(file, encoding="bytes")
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        module = _PY2_MODULES.get(module, module)
+        if (module, name) not in _PICKLE_GLOBALS:
+            raise UnsafeFileError(
+                f"{self.path}: refused: the pickle names {module}.{name}, which is not plain "
+                f"data (a CIFAR-10 batch holds only dicts, lists, bytes, str, numbers and numpy "
+                f"arrays)"
+            )
+        return super().find_class(module, name)
+
+
+def read_data_pickle(path: str | Path) -> Any:
+    """Read a pickle of plain data (CIFAR-10's format) without running any code from it.
+
+    Raises:
+        FileNotFoundError: No such file.
+        UnsafeFileError: The pickle names a function or class beyond numpy arrays.
+        DataError: Anything else that makes it unreadable, naming the file.
+    """
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"CIFAR-10 file not found: {path}")
     try:
-        # Pickle can run code: only point data.root at CIFAR files you trust.
         with path.open("rb") as f:
-            return pickle.load(f, encoding="bytes")
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
-        raise ValueError(f"{path}: not a CIFAR-10 python pickle ({e})") from None
+            return _DataUnpickler(f, path).load()
+    except UnsafeFileError:
+        raise
+    except Exception as e:  # untrusted bytes: numpy and pickle fail in many ways
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{path}: not a CIFAR-10 python pickle ({why})") from None
+
+
+def _int_labels(value: Any, path: Path) -> np.ndarray:
+    labels = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if labels is None or labels.ndim != 1 or (labels.size and labels.dtype.kind not in "iu"):
+        raise DataError(f"{path}: b'labels' must be a list of integers")
+    return labels.astype(np.int64)
 
 
 def _read_cifar_batch(path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    batch = _read_pickle(path)
+    batch = read_data_pickle(path)
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        raise ValueError(f"{path}: expected a dict with b'data' and b'labels'")
-    data = np.asarray(batch[b"data"])
-    labels = np.asarray(batch[b"labels"], dtype=np.int64)
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise ValueError(f"{path}: b'data' is {data.dtype} {data.shape}, expected uint8 (N, 3072)")
+        raise DataError(f"{path}: expected a dict with b'data' and b'labels'")
+    data = batch[b"data"]
+    labels = _int_labels(batch[b"labels"], path)
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3 * 32 * 32
+    ):
+        what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise DataError(f"{path}: b'data' is {what}, expected uint8 (N, 3072)")
     if (
         labels.shape != (len(data),)
         or labels.min(initial=0) < 0
         or labels.max(initial=0) >= num_classes
     ):
-        raise ValueError(f"{path}: b'labels' must be {len(data)} ints in 0..{num_classes - 1}")
+        raise DataError(f"{path}: b'labels' must be {len(data)} ints in 0..{num_classes - 1}")
     # Rows are channel-planar: 1024 R, then 1024 G, then 1024 B, each row-major 32x32.
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # (N, 32, 32, 3)
     return np.ascontiguousarray(images), labels
@@ -202,10 +313,18 @@ def load_cifar10(
     if folder is None:
         raise FileNotFoundError(f"{root}: no {CIFAR10_TRAIN_FILES[0]} here or in {CIFAR10_SUBDIR}/")
     meta_path = folder / CIFAR10_META_FILE
-    meta = _read_pickle(meta_path)
-    if not isinstance(meta, dict) or b"label_names" not in meta:
-        raise ValueError(f"{meta_path}: expected a dict with b'label_names'")
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in meta[b"label_names"]]
+    meta = read_data_pickle(meta_path)
+    names = meta.get(b"label_names") if isinstance(meta, dict) else None
+    if (
+        not isinstance(names, list)
+        or not names
+        or not all(isinstance(n, (bytes, str)) for n in names)
+    ):
+        raise DataError(f"{meta_path}: expected a dict with b'label_names', a list of names")
+    try:
+        names = [n.decode() if isinstance(n, bytes) else n for n in names]
+    except UnicodeDecodeError:
+        raise DataError(f"{meta_path}: b'label_names' are not UTF-8 text") from None
     parts = [_read_cifar_batch(folder / f, len(names)) for f in CIFAR10_TRAIN_FILES]
     val_x, val_y = _read_cifar_batch(folder / CIFAR10_VAL_FILE, len(names))
     train_x = np.concatenate([x for x, _ in parts])

@@ -70,6 +70,8 @@ FORMATS = (
 # exported formats held to the fp32 tolerance against PyTorch on the val images
 FP32_FORMATS = ("onnx", f"onnx-opset{ATTENTION_OPSET}", "openvino")
 TABLE_FILES = ("benchmark.md", "benchmark.csv", "benchmark.json")
+MAX_SECONDS = 3600.0
+"""Longest ``--seconds`` per format: an hour is already far past a stable median."""
 
 
 @dataclass
@@ -127,8 +129,12 @@ class BenchOptions:
             raise FileNotFoundError(f"calibration data not found: {self.calib_data}")
         if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.calib_size < 1:
             raise ValueError("--threads, --batch, --runs and --calib-size must be >= 1")
-        if self.warmup < 0 or self.val_images < 0 or self.seconds < 0:
-            raise ValueError("--warmup, --val-images and --seconds must be >= 0")
+        if self.warmup < 0 or self.val_images < 0:
+            raise ValueError("--warmup and --val-images must be >= 0")
+        if not 0 <= self.seconds <= MAX_SECONDS:  # inf never ends; nan compares false: 0
+            raise ValueError(f"--seconds must be in [0, {MAX_SECONDS}], got {self.seconds}")
+        if not (math.isfinite(self.atol) and self.atol >= 0):
+            raise ValueError(f"--atol must be a finite number >= 0, got {self.atol}")
         if self.model is None and (self.img_size or self.weights):
             raise ValueError("--img-size and --weights go with --model (a checkpoint has both)")
         if self.model is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.convert import check_checkpoint_path
+from ..train.rundir import check_writable_dir
 from .onnx import (
     DEFAULT_OPSET,
     ParityError,
@@ -94,6 +95,7 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
         if p.is_dir():
             raise ValueError(f"--out: {p} is a folder; give the .onnx file path")
     refuse_existing(planned, opts.overwrite)
+    check_writable_dir(out.parent, "--out")
     return out, planned
 
 

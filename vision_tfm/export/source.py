@@ -465,17 +465,8 @@ def load_source(
     except ValueError as e:
         raise ValueError(f"{path}: checkpoint of an {e}") from None
     meta["model_name"] = name
-    try:
-        if task == "cls":
-            model, cfg = restore_cls_model(ckpt, use_ema=use_ema)
-        else:
-            model, cfg = restore_grasp_model(ckpt, use_ema=use_ema)
-    except RuntimeError as e:  # load_state_dict: "Error(s) in loading ...\n\tsize mismatch ..."
-        lines = [ln.strip() for ln in str(e).strip().splitlines()]
-        raise ValueError(
-            f"{path}: the weights do not fit the registered {name!r} "
-            f"({lines[1] if len(lines) > 1 else lines[0]}); has its config changed since training?"
-        ) from None
+    restore = restore_cls_model if task == "cls" else restore_grasp_model
+    model, cfg = restore(ckpt, use_ema=use_ema, source=str(path))  # shapes checked on meta
     if data_root is not None:
         if not Path(data_root).exists():
             raise FileNotFoundError(f"--data: {data_root} does not exist")

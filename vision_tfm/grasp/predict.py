@@ -56,7 +56,7 @@ def predict_grasps(
     from vision_tfm.train.checkpoint import load_checkpoint
     from vision_tfm.train.grasp import restore_grasp_model
 
-    model, cfg = restore_grasp_model(load_checkpoint(checkpoint), use_ema)
+    model, cfg = restore_grasp_model(load_checkpoint(checkpoint), use_ema, str(checkpoint))
     d = cfg.data
     rgb = load_rgb(image) if d.input != "depth" else None
     dep = None

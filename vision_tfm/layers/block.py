@@ -116,7 +116,7 @@ class Block(nn.Module):
 
 def block_stack(depth: int, drop_path_rate: float = 0.0, **block_kw: Any) -> nn.ModuleList:
     """``depth`` Blocks with stochastic depth rising linearly from 0 to ``drop_path_rate``."""
-    dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+    dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # also under meta
     return nn.ModuleList(Block(drop_path=dpr[i], **block_kw) for i in range(depth))
 
 

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from ..layers import resample_abs_pos_embed
 
 __all__ = [
     "check_checkpoint_path",
+    "check_finite",
     "convert_state_dict",
     "detect_source",
     "load_pretrained",
@@ -49,6 +51,14 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ValueError("checkpoint does not hold a state dict of tensors")
     return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def check_finite(sd: Mapping[str, torch.Tensor], what: str) -> None:
+    """Refuse weights holding NaN or inf, naming the first such tensor: they would load without
+    a word and then predict NaN (or train on from it)."""
+    for key, t in sd.items():
+        if t.is_floating_point() and t.device.type != "meta" and not torch.isfinite(t).all():
+            raise CheckpointError(f"{what}: tensor {key!r} holds NaN or inf values")
 
 
 def check_checkpoint_path(path: str | os.PathLike) -> Path:
@@ -240,6 +250,9 @@ def load_pretrained(
         strict: Refuse missing or unexpected keys (after conversion).
     """
     sd = read_state_dict(path_or_state_dict)
+    check_finite(
+        sd, "checkpoint" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
+    )
     family = getattr(model, "checkpoint_family", None)  # declared by the family's class
     if family is None:  # no foreign layout: the model's own keys, as saved by training
         model.load_state_dict(sd, strict=strict)

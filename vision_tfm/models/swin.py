@@ -317,7 +317,9 @@ class SwinTransformer(VisionModel):
         self.num_features = dims[-1]
 
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, norm_layer=norm)
-        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths)).split(list(cfg.depths))
+        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths), device="cpu").split(
+            list(cfg.depths)
+        )
         self.layers = nn.Sequential(
             *(
                 SwinStage(

@@ -7,19 +7,28 @@ from the seed, the epoch and the position in it, which the checkpoint holds.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import math
 import os
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from ..models.convert import load_torch_file
+from ..errors import CheckpointError, RunDirError
+from ..models.convert import check_finite, load_torch_file
 
 __all__ = [
     "REQUIRED_KEYS",
     "RESUME_KEYS",
     "atomic_save",
+    "build_for_weights",
+    "check_fits",
+    "check_meta",
     "load_checkpoint",
     "shipped_weights",
 ]
@@ -28,20 +37,43 @@ __all__ = [
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """Write to a temp file in the same directory, fsync, then ``os.replace``.
 
-    A crash or Ctrl-C mid-write leaves the previous file intact, never a truncated one.
+    A crash or Ctrl-C mid-write leaves the previous file intact, never a truncated one. A
+    write that fails (full disk, I/O error) removes the temp file and raises a one-line
+    :class:`RunDirError`; torch reports a failed write as a ``RuntimeError`` from its zip
+    writer, which is turned into the same.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _write_failed(path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        _unlink_quietly(tmp)
+        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
+            raise  # not an I/O failure: a bug, keep its traceback
+        raise _write_failed(path, e) from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _unlink_quietly(tmp)
         raise
+
+
+def _write_failed(path: Path, e: Exception) -> RunDirError:
+    why = e.strerror if isinstance(e, OSError) and e.strerror else "the write failed"
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        why = "no space left on device"
+    kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing was written"
+    return RunDirError(f"cannot write checkpoint {path}: {why}; {kept}")
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 REQUIRED_KEYS = ("model", "config", "meta")
@@ -62,13 +94,97 @@ def load_checkpoint(path: str | os.PathLike, resume: bool = False) -> dict[str, 
     keys = REQUIRED_KEYS + (RESUME_KEYS if resume else ())
     missing = [k for k in keys if k not in ckpt] if isinstance(ckpt, dict) else list(keys)
     if missing:
-        raise ValueError(
+        raise CheckpointError(
             f"{path} is not a vision_tfm training checkpoint (missing {', '.join(missing)})"
         )
+    if not isinstance(ckpt["config"], dict) or not isinstance(ckpt["meta"], dict):
+        raise CheckpointError(f"{path}: its 'config' and 'meta' must be mappings")
     return ckpt
 
 
-def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[str, Any]:
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _floats(v: Any, n: int) -> bool:
+    return (
+        isinstance(v, list)
+        and len(v) == n
+        and all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)
+    )
+
+
+# what predict / export / benchmark / resume read from ``meta``, per task: key -> (check, expected)
+_META: dict[str, dict[str, tuple[Callable[[Any, dict], bool], str]]] = {
+    "cls": {
+        "num_classes": (lambda v, m: _is_int(v) and v >= 1, "an integer >= 1"),
+        "in_chans": (lambda v, m: v in (1, 3) and _is_int(v), "1 or 3"),
+        "img_size": (lambda v, m: _is_int(v) and v >= 1, "an integer >= 1"),
+        "class_names": (
+            lambda v, m: (
+                isinstance(v, list)
+                and all(isinstance(x, str) for x in v)
+                and len(v) == m.get("num_classes")
+            ),
+            "one name per output (num_classes of them)",
+        ),
+        "mean": (lambda v, m: _floats(v, m.get("in_chans")), "one finite number per channel"),
+        "std": (
+            lambda v, m: _floats(v, m.get("in_chans")) and min(v) > 0,
+            "one positive number per channel",
+        ),
+    },
+    "grasp": {"in_chans": (lambda v, m: v in (1, 3, 4) and _is_int(v), "1, 3 or 4")},
+}
+
+
+def check_meta(meta: dict[str, Any], what: str = "checkpoint") -> None:
+    """Check the ``meta`` fields predict / export / benchmark read before rebuilding a model,
+    so an edited one is a one-line error naming it rather than an ``AttributeError`` /
+    ``IndexError`` (or a silently wrong label, when class names and outputs disagree)."""
+    task = meta.get("task")
+    if task not in _META:
+        raise CheckpointError(f"{what}: meta 'task' is {task!r}; expected one of {sorted(_META)}")
+    for key, (ok, expected) in _META[task].items():
+        if not ok(meta.get(key), meta):
+            raise CheckpointError(f"{what}: meta {key!r} must be {expected}, got {meta.get(key)!r}")
+
+
+def check_fits(
+    build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor], what: str
+) -> None:
+    """Check that ``weights`` fit the model ``build`` makes, without allocating that model.
+
+    The model is built on the meta device (no memory) and the state-dict shapes compared, so
+    a config edited to ask for a huge model is refused in one line instead of ending in
+    ``std::bad_alloc``.
+    """
+    with torch.device("meta"):
+        own = build().state_dict()
+    for key in sorted(set(own) | set(weights)):
+        mine, theirs = own.get(key), weights.get(key)
+        if mine is None or theirs is None or tuple(mine.shape) != tuple(theirs.shape):
+            shapes = [tuple(t.shape) if t is not None else "absent" for t in (theirs, mine)]
+            raise CheckpointError(
+                f"{what}: the weights do not fit the model its config describes (size "
+                f"mismatch {key!r}: weights {shapes[0]}, model {shapes[1]}); has its config "
+                f"changed since training?"
+            )
+
+
+def build_for_weights(
+    build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor], what: str
+) -> nn.Module:
+    """:func:`check_fits`, then build the model for real and load ``weights``."""
+    check_fits(build, weights, what)
+    model = build()
+    model.load_state_dict(weights)
+    return model
+
+
+def shipped_weights(
+    ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
+) -> dict[str, Any]:
     """The state dict a checkpoint is used with: the EMA when the run tracked it.
 
     Args:
@@ -84,6 +200,8 @@ def shipped_weights(ckpt: dict[str, Any], use_ema: bool | None = None) -> dict[s
         )
     if use_ema is None:
         use_ema = ckpt.get("meta", {}).get("weights") == "ema"
+    weights = ckpt["model"]
     if use_ema and ckpt.get("ema") is not None:
-        return {k.removeprefix("module."): v for k, v in ckpt["ema"].items()}
-    return ckpt["model"]
+        weights = {k.removeprefix("module."): v for k, v in ckpt["ema"].items()}
+    check_finite(weights, source)
+    return weights

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ..data import AugConfig, DataConfig, build_cls_datasets
 from ..models.registry import get_model_entry
-from .checkpoint import shipped_weights
+from .checkpoint import build_for_weights, check_meta, shipped_weights
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
@@ -25,6 +26,7 @@ __all__ = [
     "ClassificationTask",
     "ClsConfig",
     "build_cls_model",
+    "cls_model_builder",
     "eval_data_config",
     "restore_cls_model",
 ]
@@ -102,6 +104,10 @@ class ClassificationTask:
     def collate(self, batch: list) -> Any:
         return default_collate(batch)
 
+    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
+        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
+        return cls_model_builder(ckpt)[0]
+
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, y = (t.to(device, non_blocking=True) for t in batch)
         if self.mixup is not None:
@@ -149,21 +155,30 @@ class ClassificationTask:
 
 
 def restore_cls_model(
-    ckpt: dict[str, Any], use_ema: bool | None = None
+    ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, ClsConfig]:
     """Rebuild a trained classifier from a checkpoint dict (config + weights).
 
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
+    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
+    the checkpoint in errors.
     """
-    from ..config import apply_overrides
-
     if ckpt.get("meta", {}).get("task") != "cls":
         raise ValueError("checkpoint is not a classification checkpoint")
-    cfg = apply_overrides(ClsConfig(), ckpt["config"])
+    build, cfg = cls_model_builder(ckpt, source)
+    return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
+
+
+def cls_model_builder(
+    ckpt: dict[str, Any], source: str = "checkpoint"
+) -> tuple[Callable[[], nn.Module], ClsConfig]:
+    """What rebuilds a checkpoint's classifier (uncalled, so it can run on the meta device)."""
+    from ..config import apply_overrides
+
     meta = ckpt["meta"]
-    model = build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"])
-    model.load_state_dict(shipped_weights(ckpt, use_ema))
-    return model.eval(), cfg
+    check_meta(meta, source)
+    cfg = apply_overrides(ClsConfig(), ckpt["config"])
+    size = (meta["num_classes"], meta["in_chans"], meta["img_size"])
+    return lambda: build_cls_model(cfg.model, *size), cfg
 
 
 def eval_data_config(cfg: ClsConfig, meta: dict[str, Any]) -> DataConfig:

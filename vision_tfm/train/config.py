@@ -12,11 +12,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
-from ..config import ConfigError, apply_overrides, config_to_dict
+from ..config import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    ConfigError,
+    Range,
+    apply_overrides,
+    check_ranges,
+    config_to_dict,
+)
 
 __all__ = [
     "EmaConfig",
@@ -105,6 +114,21 @@ class OptimConfig:
     accum_steps: int = 1
     layer_decay: float = 0.0
 
+    SECTION: ClassVar[str] = "optim"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "lr": POSITIVE,
+        "lr_base_batch": NON_NEGATIVE,
+        "weight_decay": NON_NEGATIVE,
+        "betas": Range(0, 1, hi_open=True),
+        "momentum": Range(0, 1, hi_open=True),
+        "clip_grad": NON_NEGATIVE,
+        "accum_steps": AT_LEAST_ONE,
+        "layer_decay": Range(0, 1, lo_open=True, zero=True),
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
 
 @dataclass
 class SchedConfig:
@@ -114,6 +138,17 @@ class SchedConfig:
     warmup_epochs: float = 1.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
+
+    SECTION: ClassVar[str] = "sched"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "epochs": AT_LEAST_ONE,
+        "warmup_epochs": NON_NEGATIVE,
+        "warmup_lr": NON_NEGATIVE,
+        "min_lr": NON_NEGATIVE,
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -128,6 +163,12 @@ class EmaConfig:
     enabled: bool = False
     decay: float = 0.9998
     warmup: bool = True
+
+    SECTION: ClassVar[str] = "ema"
+    RANGES: ClassVar[dict[str, Range]] = {"decay": Range(0, 1)}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -159,6 +200,17 @@ class RunConfig:
     compile: bool = False
     plots: bool = True
     stop_after: int = 0
+
+    SECTION: ClassVar[str] = "run"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "seed": Range(0, 2**32 - 1),
+        "threads": NON_NEGATIVE,
+        "log_interval": AT_LEAST_ONE,
+        "stop_after": NON_NEGATIVE,
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str, Any]) -> T:

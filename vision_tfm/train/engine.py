@@ -17,6 +17,8 @@ interrupted, so all stop at the same update and rank 0 writes the checkpoint.
 
 Resuming a run's newest state (its ``last.pt``) continues in its run dir; resuming an older
 one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing written is lost.
+A checkpoint outside a run dir this package created (see :mod:`.rundir`) continues in a new
+run dir under ``run.out_dir``; a run dir in use by another process is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,10 +47,20 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from .. import __version__
 from ..config import config_to_dict
-from .checkpoint import atomic_save, load_checkpoint
+from ..errors import CheckpointError, VisionTfmError
+from ..models.convert import check_finite
+from .checkpoint import atomic_save, check_fits, load_checkpoint
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, save_config
 from .distributed import all_reduce_sum, cleanup, init_distributed, is_main, world_size
 from .logging import MetricLogger
+from .rundir import (
+    RunLock,
+    check_writable_dir,
+    is_own_run_dir,
+    make_run_dir,
+    mark_run_dir,
+    remove_stale_temps,
+)
 
 __all__ = [
     "NonFiniteLossError",
@@ -64,7 +75,7 @@ PRECISIONS = ("fp32", "amp", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(VisionTfmError, RuntimeError):
     """The loss became NaN or inf; the last good checkpoint is kept."""
 
 
@@ -139,17 +150,10 @@ class _State:
     world_size: int = 1  # a mid-epoch position is only valid under the same process count
 
 
-def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
-    """``<out_dir>/<name>-<timestamp>``; never reuses an existing directory."""
-    base = Path(out_dir) / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
-    path, n = base, 1
-    while True:
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
+def _file_id(path: Path) -> tuple[int, int, int]:
+    """Changes when a file is replaced (atomic_save) or rewritten."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def seed_everything(seed: int) -> None:
@@ -267,6 +271,7 @@ class Trainer:
         self._interrupted = False  # this process got Ctrl-C
         self._stop = False  # every rank has agreed to stop
         self._eval_only = False
+        self._lock: RunLock | None = None
 
     # --- setup -------------------------------------------------------------------------
 
@@ -293,22 +298,9 @@ class Trainer:
         return o.lr * batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
 
     def _check_config(self) -> None:
-        """Cheap checks of what the loop reads, so a bad value fails before anything is built
-        or written (not as a ZeroDivisionError mid-run, or beside a half-made run dir)."""
-        c, task = self.cfg, self.task
-        minimum = {
-            "data.batch_size": (task.batch_size, 1),
-            "data.num_workers": (task.num_workers, 0),
-            "sched.epochs": (c.sched.epochs, 1),
-            "sched.warmup_epochs": (c.sched.warmup_epochs, 0),
-            "optim.accum_steps": (c.optim.accum_steps, 1),
-            "run.log_interval": (c.run.log_interval, 1),
-            "run.stop_after": (c.run.stop_after, 0),
-            "run.threads": (c.run.threads, 0),
-        }
-        for key, (value, low) in minimum.items():
-            if value < low:
-                raise ValueError(f"{key} must be >= {low}, got {value}")
+        """Cheap checks of the names the loop reads, so a bad value fails before anything is
+        built or written (not mid-run, or beside a half-made run dir)."""
+        c = self.cfg  # numeric ranges are checked by the config dataclasses themselves
         for key, value, allowed in (
             ("run.precision", c.run.precision, PRECISIONS),
             ("run.device", c.run.device, DEVICES),
@@ -327,12 +319,18 @@ class Trainer:
     def _setup(self) -> None:
         cfg = self.cfg
         self._check_config()
+        if is_main() and self.resume_path is None:  # a read-only out dir fails before any work
+            check_writable_dir(self._run_dir or cfg.run.out_dir, "run.out_dir")
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
         self.device = self._device()
         self.distributed = init_distributed(self.device)
         seed_everything(cfg.run.seed)
+        if self.resume_path is not None:  # identity first: a later replace shows as a change
+            self._resume_id = _file_id(self.resume_path) if self.resume_path.exists() else None
         self.ckpt = load_checkpoint(self.resume_path, resume=True) if self.resume_path else None
+        if self.ckpt is not None:
+            self._check_weights()
         model, self.train_ds, self.val_ds, self.meta = self.task.build()
         self.meta["weights"] = "ema" if cfg.ema.enabled else "model"  # what the run ships
         self.tracked = f"ema_{self.task.metric}" if cfg.ema.enabled else self.task.metric
@@ -374,6 +372,15 @@ class Trainer:
             t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
             self._compile_t0 = t0
+
+    def _check_weights(self) -> None:
+        """Before anything is built: finite weights that fit the model the checkpoint's config
+        describes, checked on the meta device (an edited config cannot make a huge model)."""
+        what = str(self.resume_path)
+        check_finite(self.ckpt["model"], what)
+        builder = getattr(self.task, "model_builder", None)
+        if builder is not None:
+            check_fits(builder(self.ckpt), self.ckpt["model"], what)
 
     def _check_compatible(self, model: nn.Module) -> None:
         ck_name = self.ckpt["meta"].get("model_name")
@@ -477,9 +484,19 @@ class Trainer:
         if not is_main():
             return
         ck = self._checkpoint()
+        try:  # a finite loss does not prove finite weights (a huge step, a bad lr)
+            check_finite(ck["model"], "the trained weights")
+        except CheckpointError as e:
+            raise NonFiniteLossError(
+                f"{e} after epoch {self.state.epoch}; stopping ({self._kept()})"
+            ) from None
         atomic_save(ck, self.run_dir / "last.pt")
         if best:
             atomic_save(ck, self.run_dir / "best.pt")
+
+    def _kept(self) -> str:
+        last = self.run_dir / "last.pt"
+        return f"last good checkpoint kept: {last}" if last.exists() else "no checkpoint yet"
 
     # --- loop --------------------------------------------------------------------------
 
@@ -505,6 +522,8 @@ class Trainer:
                 return metrics
             return self._fit()
         finally:
+            if self._lock is not None:
+                self._lock.release()
             cleanup()
 
     def _resumes_newest(self) -> bool:
@@ -514,44 +533,67 @@ class Trainer:
         last.pt with another lineage and repeat epochs in metrics.csv.
         """
         last = self.resume_path.parent / "last.pt"
-        if self.resume_path.name == last.name:
-            return True
+        if self.resume_path.name == last.name:  # unless another run has replaced it since
+            with contextlib.suppress(OSError):
+                return _file_id(last) == self._resume_id
+            return False
         try:
             return load_checkpoint(last, resume=True)["state"] == self.ckpt["state"]
         except (OSError, ValueError):  # no (readable) last.pt: nothing to continue there
             return False
 
-    def _fork_run_dir(self) -> Path:
-        """A new run dir beside the resumed one, which is left exactly as it is."""
+    def _fork_run_dir(self, parent: Path, why: str) -> Path:
+        """A new run dir under ``parent``; the resumed checkpoint's folder is left as it is."""
         old = self.resume_path.parent
-        new = make_run_dir(old.parent, self.meta["model_name"])
+        new = make_run_dir(parent, self.meta["model_name"])
         s = self.state
         at_best = bool(self.history) and self.history[-1].get(self.tracked) == s.best
         if at_best and not s.step_in_epoch:  # the resumed epoch is this lineage's best so far
             atomic_save(self.ckpt, new / "best.pt")
         print(
-            f"{self.resume_path} is not the newest state of {old}; continuing in a new run dir "
-            f"{new} and leaving {old} as it is",
+            f"{self.resume_path} {why}; continuing in a new run dir {new} and leaving {old} "
+            f"as it is",
             flush=True,
         )
         return new
 
+    def _lock_run_dir(self, path: Path) -> None:
+        """Hold ``path`` against a second writer and clear temps a killed write left."""
+        if self._lock is not None:
+            self._lock.release()
+        self._lock = RunLock(path).acquire()
+        remove_stale_temps(path)
+
     def _prepare_run_dir(self) -> bool:
-        """Pick the run dir (rank 0 creates it); True when a resume starts a new one."""
+        """Pick the run dir (rank 0 creates and locks it); True when a resume starts a new one."""
         forked = False
         if self.resume_path is not None:
             self.run_dir = self.resume_path.parent  # continue the same run
-            if is_main() and not self._resumes_newest():  # ...unless it has moved on since
-                forked, self.run_dir = True, self._fork_run_dir()
+            if is_main() and not is_own_run_dir(self.run_dir):  # a user's folder: never write
+                forked = True
+                self.run_dir = self._fork_run_dir(
+                    Path(self.cfg.run.out_dir), "is not in a run dir vision_tfm made"
+                )
+            elif is_main():  # lock, then look again: it may have moved on while we waited
+                if self._resumes_newest():
+                    self._lock_run_dir(self.run_dir)
+                if self._lock is None or not self._resumes_newest():
+                    forked = True  # a folder we only read is left byte for byte as it was
+                    self.run_dir = self._fork_run_dir(
+                        self.run_dir.parent, "is not the newest state of its run dir"
+                    )
         elif self._run_dir is not None:
             self.run_dir = self._run_dir
             if is_main():
                 self.run_dir.mkdir(parents=True, exist_ok=False)
+                mark_run_dir(self.run_dir)
         elif is_main():
             self.run_dir = make_run_dir(self.cfg.run.out_dir, self.meta["model_name"])
         else:
             self.run_dir = Path(self.cfg.run.out_dir)
         if is_main():
+            if forked or self.resume_path is None:
+                self._lock_run_dir(self.run_dir)
             save_config(self.cfg, self.run_dir / "config.yaml")
         return forked
 
@@ -692,15 +734,9 @@ class Trainer:
                 with self._autocast():
                     loss, n = self.task.loss(self.train_model, batch, self.device)
                 if not torch.isfinite(loss):
-                    last = self.run_dir / "last.pt"
-                    kept = (
-                        f"last good checkpoint kept: {last}"
-                        if last.exists()
-                        else "no checkpoint yet"
-                    )
                     raise NonFiniteLossError(
                         f"loss became {loss.item()} at epoch {epoch + 1}, step {k + 1}; "
-                        f"stopping ({kept})"
+                        f"stopping ({self._kept()})"
                     )
                 self.scaler.scale(loss / group).backward()
             s.step_in_epoch += 1

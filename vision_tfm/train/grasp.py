@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,7 +24,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import config_to_dict
+from ..config import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    ConfigError,
+    Range,
+    check_ranges,
+    config_to_dict,
+)
 from ..data.grasp import CROP_MODES, GraspAugment, GraspDataset, build_grasp_datasets, grasp_collate
 from ..grasp import (
     MAP_KEYS,
@@ -46,6 +56,7 @@ __all__ = [
     "check_grasp_model",
     "cross_validate",
     "draw_grasps",
+    "grasp_model_builder",
     "predict_grasps",
     "restore_grasp_model",
 ]
@@ -104,6 +115,34 @@ class GraspDataConfig:
     repeat: int = 1
     cache: bool = False
 
+    SECTION: ClassVar[str] = "data"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "train_frac": Range(0, 1, lo_open=True, hi_open=True),
+        "output_size": AT_LEAST_ONE,
+        "crop_size": NON_NEGATIVE,
+        "batch_size": AT_LEAST_ONE,
+        "num_workers": NON_NEGATIVE,
+        "rotate": Range(0, 180),
+        "zoom": POSITIVE,
+        "color_jitter": PROBABILITY,
+        "depth_noise": NON_NEGATIVE,
+        "width_scale": POSITIVE,
+        "repeat": AT_LEAST_ONE,
+        "translate": PROBABILITY,
+        "folds": NON_NEGATIVE,
+        "fold": NON_NEGATIVE,
+    }
+    ORDERED: ClassVar[tuple[str, ...]] = ("zoom",)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.train_crop not in CROP_MODES:
+            raise ConfigError(
+                f"data.train_crop must be one of {CROP_MODES}, got {self.train_crop!r}"
+            )
+        if self.folds and not self.fold < self.folds:
+            raise ConfigError(f"data.fold must be in [0, {self.folds}), got {self.fold}")
+
 
 @dataclass
 class GraspLossConfig:
@@ -125,6 +164,12 @@ class GraspLossConfig:
     quality: str = "bce"
     geometry: str = "graspable"
     width_weight: float = 10.0
+
+    SECTION: ClassVar[str] = "loss"
+    RANGES: ClassVar[dict[str, Range]] = {"width_weight": NON_NEGATIVE}
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -161,6 +206,19 @@ class GraspEvalConfig:
             "angle_sigma": self.angle_sigma,
             "width_sigma": self.width_sigma,
         }
+
+    SECTION: ClassVar[str] = "eval"
+    RANGES: ClassVar[dict[str, Range]] = {
+        "top_n": AT_LEAST_ONE,
+        "min_distance": NON_NEGATIVE,
+        "threshold": PROBABILITY,
+        "quality_sigma": NON_NEGATIVE,
+        "angle_sigma": NON_NEGATIVE,
+        "width_sigma": NON_NEGATIVE,
+    }
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -231,23 +289,6 @@ class GraspTask:
             raise ValueError(
                 f"loss.geometry must be one of {list(_GEOMETRY)}, got {cfg.loss.geometry!r}"
             )
-        if cfg.data.output_size < 1:
-            raise ValueError(f"data.output_size must be >= 1, got {cfg.data.output_size}")
-        if cfg.data.train_crop not in CROP_MODES:
-            raise ValueError(
-                f"data.train_crop must be one of {CROP_MODES}, got {cfg.data.train_crop!r}"
-            )
-        if cfg.data.folds and not 0 <= cfg.data.fold < cfg.data.folds:
-            raise ValueError(f"data.fold must be in [0, {cfg.data.folds}), got {cfg.data.fold}")
-        if cfg.data.crop_size < 0:
-            raise ValueError(
-                f"data.crop_size must be >= 0 (0: the shorter image side), got {cfg.data.crop_size}"
-            )
-        if cfg.eval.min_distance < 0 or cfg.eval.top_n < 1:
-            raise ValueError(
-                f"eval.min_distance must be >= 0 and eval.top_n >= 1, "
-                f"got {cfg.eval.min_distance} and {cfg.eval.top_n}"
-            )
         check_grasp_model(cfg.model.name)
         self.cfg = cfg
         self.batch_size = cfg.data.batch_size
@@ -301,6 +342,10 @@ class GraspTask:
 
     def collate(self, batch: list) -> Any:
         return grasp_collate(batch)
+
+    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
+        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
+        return grasp_model_builder(ckpt)[0]
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, maps, _ = batch
@@ -395,21 +440,32 @@ def _display_image(x: torch.Tensor, input_mode: str) -> np.ndarray:
 
 
 def restore_grasp_model(
-    ckpt: dict[str, Any], use_ema: bool | None = None
+    ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, GraspConfig]:
     """Rebuild a trained grasp model from a checkpoint dict.
 
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`.
+    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
+    the checkpoint in errors.
     """
-    from ..config import apply_overrides
-    from .checkpoint import shipped_weights
+    from .checkpoint import build_for_weights, shipped_weights
 
     if ckpt.get("meta", {}).get("task") != "grasp":
         raise ValueError("checkpoint is not a grasp checkpoint")
-    cfg = apply_overrides(GraspConfig(), ckpt["config"])
-    model = build_grasp_model(cfg)
-    model.load_state_dict(shipped_weights(ckpt, use_ema))
+    build, cfg = grasp_model_builder(ckpt, source)
+    model = build_for_weights(build, shipped_weights(ckpt, use_ema, source), source)
     return model.eval(), cfg
+
+
+def grasp_model_builder(
+    ckpt: dict[str, Any], source: str = "checkpoint"
+) -> tuple[Callable[[], nn.Module], GraspConfig]:
+    """What rebuilds a checkpoint's grasp model (uncalled, so it can run on the meta device)."""
+    from ..config import apply_overrides
+    from .checkpoint import check_meta
+
+    check_meta(ckpt["meta"], source)
+    cfg = apply_overrides(GraspConfig(), ckpt["config"])
+    return lambda: build_grasp_model(cfg), cfg
 
 
 def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:

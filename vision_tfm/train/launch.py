@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
+from ..errors import VisionTfmError
 from .checkpoint import load_checkpoint
 from .engine import NonFiniteLossError
 
@@ -118,6 +119,13 @@ def run_cli(main: Callable[[], Any]) -> None:
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
-    except (ValueError, FileNotFoundError, ConfigError, NotADirectoryError, IsADirectoryError) as e:
+    except (
+        ValueError,
+        FileNotFoundError,
+        ConfigError,
+        NotADirectoryError,
+        IsADirectoryError,
+        VisionTfmError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

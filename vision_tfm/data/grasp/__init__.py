@@ -6,6 +6,7 @@
 """
 
 from .annotations import (
+    MAX_COORD,
     GraspDataError,
     GraspView,
     Split,
@@ -45,6 +46,7 @@ from .images import (
 __all__ = [
     "CROP_MODES",
     "DEPTH_CLIP",
+    "MAX_COORD",
     "RGB_MEAN",
     "RGB_STD",
     "CornellGrasp",

@@ -15,11 +15,34 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from vision_tfm.errors import DataError
 from vision_tfm.grasp.rect import corners_to_params, params_to_corners
 
 
-class GraspDataError(ValueError):
+class GraspDataError(DataError):
     """Malformed grasp data; the message starts with the offending file."""
+
+
+MAX_COORD = 1e5
+"""Largest corner coordinate, opening or jaw (pixels) an annotation may hold; anything beyond
+is a corrupt file, not an image (it would encode to empty maps and train to nothing)."""
+
+
+def _read_lines(path: Path) -> list[str]:
+    """An annotation file's lines; a binary file is a one-line error naming it."""
+    try:
+        return path.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise GraspDataError(f"{path}: not a text annotation file (binary data)") from None
+
+
+def _check_rect(corners: np.ndarray, path: Path, lineno: int) -> None:
+    """A rectangle must lie within :data:`MAX_COORD` and have a non-zero opening and jaw."""
+    if np.abs(corners).max() > MAX_COORD:
+        raise GraspDataError(f"{path}:{lineno}: rectangle coordinate beyond {MAX_COORD:g} pixels")
+    sides = np.linalg.norm(np.diff(corners[:3], axis=0), axis=1)  # opening, jaw
+    if not (sides > 1e-6).all():
+        raise GraspDataError(f"{path}:{lineno}: zero-size rectangle (opening or jaw is 0)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -37,24 +60,28 @@ def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
         ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of dropped rectangles.
 
     Raises:
-        GraspDataError: Empty file, a line without exactly two numbers (naming file and line), a
-            line count that is not a multiple of 4, or no valid rectangle left.
+        GraspDataError: Empty or binary file, a line without exactly two numbers, a rectangle
+            beyond :data:`MAX_COORD` or of zero size (each naming file and line), a line count
+            that is not a multiple of 4, or no valid rectangle left.
     """
     path = Path(path)
-    rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    rows, linenos = [], []
+    for lineno, line in enumerate(_read_lines(path), start=1):
         fields = line.split()
         if not fields:
             continue
         if len(fields) != 2:
             raise GraspDataError(f"{path}:{lineno}: expected 'x y', got {line.strip()!r}")
         rows.append(_numbers(fields, path, lineno, line))
+        linenos.append(lineno)
     if not rows:
         raise GraspDataError(f"{path}: empty annotation file")
     if len(rows) % 4:
         raise GraspDataError(f"{path}: {len(rows)} corner lines, not a multiple of 4")
     rects = np.array(rows, dtype=np.float64).reshape(-1, 4, 2)
-    valid = np.isfinite(rects).all(axis=(1, 2))
+    valid = ~np.isnan(rects).any(axis=(1, 2))  # NaN: the known quirk; inf is checked below
+    for k in np.flatnonzero(valid):
+        _check_rect(rects[k], path, linenos[4 * k])
     if not valid.any():
         raise GraspDataError(f"{path}: no rectangle without NaN values")
     return rects[valid].astype(np.float32), int((~valid).sum())
@@ -78,11 +105,12 @@ def read_jacquard_grasps(path: str | Path) -> np.ndarray:
         float64 ``(K, 5)`` rows in Jacquard's own units (see :func:`jacquard_to_corners`).
 
     Raises:
-        GraspDataError: A line without 5 numeric fields (naming file and line) or no grasp at all.
+        GraspDataError: A line without 5 finite numbers, with an opening or jaw <= 0 or a value
+            beyond :data:`MAX_COORD` (naming file and line), or no grasp at all.
     """
     path = Path(path)
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(_read_lines(path), start=1):
         if not line.strip():
             continue
         fields = line.strip().split(";")
@@ -91,7 +119,15 @@ def read_jacquard_grasps(path: str | Path) -> np.ndarray:
                 f"{path}:{lineno}: expected 5 ';'-separated fields (x;y;theta;opening;jaw), "
                 f"got {len(fields)}"
             )
-        rows.append(_numbers(fields, path, lineno, line))
+        row = _numbers(fields, path, lineno, line)
+        opening, jaw = row[3:]
+        if not all(abs(v) <= MAX_COORD for v in row):  # also NaN and inf
+            raise GraspDataError(f"{path}:{lineno}: values must be finite, within {MAX_COORD:g}")
+        if opening <= 0 or jaw <= 0:
+            raise GraspDataError(
+                f"{path}:{lineno}: opening and jaw must be > 0, got {opening:g} and {jaw:g}"
+            )
+        rows.append(row)
     if not rows:
         raise GraspDataError(f"{path}: empty annotation file")
     _, first = np.unique(np.array(rows), axis=0, return_index=True)

@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
+from vision_tfm.data.datasets import open_image
 from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, encode_grasp_maps
 
 from .annotations import (
@@ -122,7 +122,7 @@ class GraspDataset(Dataset):
         if crop_size:
             for v in views:  # header only: fail before a run starts, not at the first batch
                 path = v.rgb_path if input != "depth" else v.depth_path
-                with Image.open(path) as im:
+                with open_image(path) as im:
                     w, h = im.size
                 if crop_size > min(w, h):
                     raise GraspDataError(

@@ -12,7 +12,8 @@ import albumentations as A
 import cv2
 import numpy as np
 import torch
-from PIL import Image
+
+from vision_tfm.data.datasets import open_image
 
 from .annotations import GraspDataError
 
@@ -32,25 +33,24 @@ def load_rgb(path: str | Path) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image file not found: {path}")
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
-    except (OSError, SyntaxError, ValueError) as e:
-        raise GraspDataError(f"cannot decode image {path}: {e}") from None
+    with open_image(path) as im:
+        return np.asarray(im.convert("RGB"))
 
 
 def load_depth(path: str | Path) -> np.ndarray:
-    """Decode a float depth TIFF (Pillow reads Cornell's and Jacquard's LZW files)."""
+    """Decode a float depth TIFF (Pillow reads Cornell's and Jacquard's LZW files).
+
+    A map with no valid pixel is an error naming the file: it would silently become zeros.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"depth file not found: {path}")
-    try:
-        with Image.open(path) as im:
-            depth = np.asarray(im, dtype=np.float32)
-    except (OSError, SyntaxError, ValueError) as e:
-        raise GraspDataError(f"cannot decode depth {path}: {e}") from None
+    with open_image(path) as im:
+        depth = np.asarray(im, dtype=np.float32)
     if depth.ndim != 2:
         raise GraspDataError(f"{path}: expected a single-channel depth image, got {depth.shape}")
+    if not (np.isfinite(depth) & (depth > 0)).any():  # would be inpainted to a flat zero map
+        raise GraspDataError(f"{path}: depth map has no valid pixel (all NaN, inf or <= 0)")
     return depth
 
 
