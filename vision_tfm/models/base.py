@@ -20,8 +20,6 @@ from ..layers import Attention, PatchEmbed, resample_abs_pos_embed, rope_2d, sin
 
 __all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
 
-OUTPUT_FMTS = ("NCHW", "NHWC", "NLC")
-
 # fx: modules and functions that branch on sizes run as single graph nodes. timm's registries
 # are what timm's (and torchvision's, given timm's tracer kwargs) feature extractors read.
 for _m in (PatchEmbed, Attention):
@@ -38,6 +36,7 @@ def intermediates_result(
 
 
 def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:
+    """One-line error for a layout the family cannot give."""
     if output_fmt not in allowed:
         raise ValueError(f"{owner}: output_fmt must be one of {allowed}, got {output_fmt!r}")
 
@@ -52,7 +51,7 @@ class VisionModel(nn.Module):
         backbone_kind: How ``create_backbone`` reads its features: ``"stages"`` (hierarchical
             maps as they are), ``"simple_pyramid"`` (ViTDet's pyramid from one plain map), or
             ``None`` (no detection backbone).
-        config_rules: Field name -> ``(check, expected)`` used by ``check_config``.
+        config_rules: Field name -> rule (``_common.Rule``) used by ``check_config``.
         first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
         global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
     """
