@@ -17,7 +17,7 @@ from vision_tfm.grasp.metric import (
     grasp_correct,
     grasp_matches,
 )
-from vision_tfm.grasp.predict import GraspMaps, draw_grasps, predict_grasps
+from vision_tfm.grasp.predict import GraspMaps, draw_grasps, grasp_maps, predict_grasps
 from vision_tfm.grasp.rect import (
     Grasp,
     corners_to_params,
@@ -48,6 +48,7 @@ __all__ = [
     "encode_grasp_maps",
     "grasp_axes",
     "grasp_correct",
+    "grasp_maps",
     "grasp_matches",
     "params_to_corners",
     "polygon_area",

@@ -15,7 +15,7 @@ from torch import nn
 from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps, decode_grasps
 from vision_tfm.grasp.rect import Grasp
 
-__all__ = ["GraspMaps", "draw_grasps", "predict_grasps"]
+__all__ = ["GraspMaps", "draw_grasps", "grasp_maps", "predict_grasps"]
 
 
 class GraspMaps(nn.Module):
@@ -33,6 +33,19 @@ class GraspMaps(nn.Module):
         return activate_grasp_maps(self.model(x))
 
 
+def grasp_maps(model: nn.Module, x: torch.Tensor, flips: bool = False) -> dict[str, torch.Tensor]:
+    """Activated maps of ``model`` on ``x``; with ``flips``, averaged with those of the view
+    flipped left-right and up-down (flipped back; a mirror negates the angle, so ``sin 2θ``)."""
+    out = activate_grasp_maps(model(x))
+    if not flips:
+        return out
+    for dims in ((-1,), (-2,)):
+        m = activate_grasp_maps(model(x.flip(dims)))
+        for k in MAP_KEYS:
+            out[k] = out[k] + (-1 if k == "sin" else 1) * m[k].flip(dims)
+    return {k: v / 3 for k, v in out.items()}
+
+
 def predict_grasps(
     checkpoint: str | Path,
     image: str | Path,
@@ -43,7 +56,8 @@ def predict_grasps(
     """Top grasps on one raw view, in the view's own pixel coordinates.
 
     The view gets the validation preprocessing (centre square crop of ``crop_size``, resize,
-    normalisation, depth hole filling). Returns the grasps and the RGB (or depth) image.
+    normalisation, depth hole filling) and decoding (filters, ``eval.flip_tta``). Returns the
+    grasps and the RGB (or depth) image.
     """
     from vision_tfm.data.grasp import (
         crop_box,
@@ -71,7 +85,7 @@ def predict_grasps(
     box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
     rgb_c, dep_c = crop_resize(rgb, dep, box, d.output_size)
     with torch.no_grad():
-        out = GraspMaps(model)(to_input(rgb_c, dep_c)[None])
+        out = grasp_maps(model, to_input(rgb_c, dep_c)[None], cfg.eval.flip_tta)
     maps = {k: out[k][0, 0].float().numpy() for k in MAP_KEYS}
     preds = decode_grasps(**maps, num_grasps=top_n, **cfg.eval.decode_kwargs(d.width_scale))
     scale = box[2] / d.output_size

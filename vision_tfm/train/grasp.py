@@ -42,6 +42,7 @@ from ..grasp import (
     batch_grasp_correct,
     decode_grasps,
     draw_grasps,
+    grasp_maps,
     predict_grasps,
 )
 from ..models import get_model_entry
@@ -239,19 +240,6 @@ IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
 _MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
 _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
-
-
-def grasp_maps(model: nn.Module, x: torch.Tensor, flips: bool = False) -> dict[str, torch.Tensor]:
-    """Activated maps of ``model`` on ``x``; with ``flips``, averaged with those of the view
-    flipped left-right and up-down (flipped back; a mirror negates the angle, so ``sin 2θ``)."""
-    out = activate_grasp_maps(model(x))
-    if not flips:
-        return out
-    for dims in ((-1,), (-2,)):
-        m = activate_grasp_maps(model(x.flip(dims)))
-        for k in MAP_KEYS:
-            out[k] = out[k] + (-1 if k == "sin" else 1) * m[k].flip(dims)
-    return {k: v / 3 for k, v in out.items()}
 
 
 def check_grasp_model(name: str) -> None:
