@@ -283,6 +283,7 @@ class GraspTask:
         self.num_workers = cfg.data.num_workers
         self.split_name = ""
         self.val_gt: GraspDataset | None = None
+        self._gt: tuple[DataLoader, DataLoader] | None = None  # (val loader, its GG-CNN twin)
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         d = self.cfg.data
@@ -379,16 +380,23 @@ class GraspTask:
         if self.cfg.eval.top_n > 1:
             metrics[f"grasp_acc_top{self.cfg.eval.top_n}"] = cn / views
         if self.val_gt is not None:
-            # the same views and rank shards as ``loader``, cropped around the labels
-            gt_loader = DataLoader(
+            g1, _, g_views = self._hits(model, self._gt_loader(loader), device).tolist()
+            metrics["grasp_acc_gt_crop"] = g1 / g_views
+        return metrics
+
+    def _gt_loader(self, loader: DataLoader) -> DataLoader:
+        """The same views and rank shards as ``loader``, cropped around the labels; one
+        loader per val loader, so its workers (and the views they cache) outlive an epoch."""
+        if self._gt is None or self._gt[0] is not loader:
+            gt = DataLoader(
                 self.val_gt,
                 batch_sampler=loader.batch_sampler,
                 num_workers=loader.num_workers,
                 collate_fn=loader.collate_fn,
+                persistent_workers=loader.num_workers > 0,
             )
-            g1, _, g_views = self._hits(model, gt_loader, device).tolist()
-            metrics["grasp_acc_gt_crop"] = g1 / g_views
-        return metrics
+            self._gt = (loader, gt)
+        return self._gt[1]
 
     def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
         plot_curves(history, run_dir / "curves.png", ["grasp_acc", "ema_grasp_acc"])
