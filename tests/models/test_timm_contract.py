@@ -202,6 +202,40 @@ def test_features_only_drops_into_torchvision_faster_rcnn():
     assert fe.model.patch_embed.proj.weight.grad is not None
 
 
+def test_features_only_serves_a_consumer_written_for_timms_feature_list_net():
+    """smp / mmdet style: widths and strides read from feature_info, maps fused at input size."""
+    from timm.models._features import FeatureListNet
+
+    class Fuse(torch.nn.Module):
+        def __init__(self, fe: torch.nn.Module) -> None:
+            super().__init__()
+            self.fe, self.strides = fe, fe.feature_info.reduction()
+            self.lateral = torch.nn.ModuleList(
+                torch.nn.Conv2d(c, 8, 1) for c in fe.feature_info.channels()
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = 0
+            for f, lateral, s in zip(self.fe(x), self.lateral, self.strides, strict=True):
+                assert f.shape[-2:] == (-(-x.shape[-2] // s), -(-x.shape[-1] // s))
+                out = out + torch.nn.functional.interpolate(lateral(f), size=x.shape[-2:])
+            return out
+
+    ref = timm.create_model("resnet18", features_only=True, out_indices=(1, 2, 3))
+    assert isinstance(ref, FeatureListNet)  # what the consumer was written against
+    x = torch.randn(1, 3, 48, 40)
+    for fe in (
+        ref,
+        small("swin_test", features_only=True, out_indices=(1, 2, 3)),
+        small("vit_test", features_only=True, out_indices=(0, 1)),
+        small("hybrid_test", features_only=True),
+    ):
+        info = fe.feature_info
+        assert [d["num_chs"] for d in info.get_dicts()] == info.channels()
+        with torch.no_grad():
+            assert Fuse(fe.eval())(x).shape == (1, 8, 48, 40)
+
+
 # --- tracing and compiling ------------------------------------------------------------------
 
 
@@ -233,8 +267,10 @@ FX_NODES = {
 }
 
 
-@pytest.mark.parametrize("tracer_kwargs", [None, TRACER], ids=["plain", "timm_tracer"])
-@pytest.mark.parametrize("name", list(FX_NODES))
+@pytest.mark.parametrize(
+    ("name", "tracer_kwargs"),
+    [(name, None) for name in FX_NODES] + [("vit_test", TRACER)],  # and timm's fx test's kwargs
+)
 def test_fx_feature_extractor(name, tracer_kwargs):
     """torchvision's extractor, as is and with the kwargs timm's own fx test passes."""
     m = small(name).eval()
