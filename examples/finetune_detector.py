@@ -8,6 +8,7 @@ are approximate. Every 5th view (by id) is held out for validation; training fli
     python examples/finetune_detector.py --steps 300 --threads 1 --out runs/det
     python examples/finetune_detector.py --backbone vit_small_patch16_224 --detector retinanet
     python examples/finetune_detector.py --backbone-kw '{}' --pretrained swin_t.pth   # full size
+    python examples/finetune_detector.py --backbone-kw '{}' --pretrained true   # timm's weights
 
 Without ``--backbone-kw`` the backbone is a small config (``SMALL``) trained from scratch, so
 the run fits on a CPU. After every epoch it prints the mean train loss and mAP@0.5 on the
@@ -34,6 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.utils import draw_bounding_boxes
 
+from vision_tfm.config import apply_overrides, parse_cli_overrides
 from vision_tfm.data.grasp import GraspView, find_cornell_views
 from vision_tfm.detection import build_detector, mean_average_precision
 from vision_tfm.train import (
@@ -148,7 +150,7 @@ class DetectionTask:
             d.kind,
             m.name,
             num_classes=2,  # background + object
-            pretrained=m.pretrained or None,
+            pretrained=m.pretrained,
             frozen_stages=d.frozen_stages,
             out_channels=d.out_channels,
             min_size=d.min_size,
@@ -214,7 +216,11 @@ def main() -> None:
     p.add_argument("--backbone", default="swin_tiny_patch4_window7_224")
     p.add_argument("--backbone-kw", type=json.loads, help="JSON model overrides; {} = full size")
     p.add_argument("--detector", default="fasterrcnn", choices=["fasterrcnn", "retinanet"])
-    p.add_argument("--pretrained", default="", help="classification checkpoint for the backbone")
+    p.add_argument(
+        "--pretrained",
+        default="",
+        help="backbone weights: true (timm's published ones), a timm tag, or a checkpoint file",
+    )
     p.add_argument("--frozen-stages", type=int, default=0)
     p.add_argument("--min-size", type=int, default=224, help="shorter side after resizing")
     p.add_argument("--max-size", type=int, default=320, help="cap on the longer side")
@@ -233,7 +239,11 @@ def main() -> None:
     if kw is None:
         kw = next((c for f, c in SMALL.items() if args.backbone.startswith(f)), {})
     cfg = DetConfig(
-        model=ModelConfig(name=args.backbone, kwargs=kw, pretrained=args.pretrained),
+        # read as train_cls.py reads model.pretrained=...: true, a tag, or a file
+        model=apply_overrides(
+            ModelConfig(name=args.backbone, kwargs=kw),
+            parse_cli_overrides([f"pretrained={args.pretrained}"]),
+        ),
         det=DetSection(
             kind=args.detector,
             data=args.data,

@@ -5,6 +5,10 @@ The cache is built here from a randomly initialised (shrunk) timm model in the h
 hub is switched offline: nothing downloads.
 """
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import huggingface_hub
 import pytest
 import timm
@@ -113,3 +117,25 @@ def test_checkpoint_path_and_train_config_forms(tmp_path):
     assert all(
         torch.equal(a, b) for a, b in zip(own.state_dict().values(), again.state_dict().values())
     )
+
+
+def test_detection_backbone_and_example_take_pretrained_as_create_model(
+    offline_cache, tmp_path, monkeypatch
+):
+    """True, a tag, a file or a state dict reach ``create_backbone`` through one rule."""
+    ref = _timm_ref()
+    offline_cache(NAME, TAG, ref)
+    path = tmp_path / "w.pth"
+    torch.save(ref.state_dict(), path)
+    want = ref.blocks[1].attn.qkv.weight
+    for weights in (True, TAG, str(path), path, ref.state_dict()):
+        bb = vt.create_backbone(NAME, (2, 3), pretrained=weights, **SHRINK)
+        assert torch.equal(bb.body.model.blocks[1].attn.qkv.weight, want), weights
+    example = Path(__file__).resolve().parents[2] / "examples" / "finetune_detector.py"
+    spec = importlib.util.spec_from_file_location("finetune_detector", example)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look themselves up
+    spec.loader.exec_module(mod)
+    cfg = mod.DetConfig(model=ModelConfig(name=NAME, kwargs=SHRINK, pretrained=True))
+    detector = mod.DetectionTask(cfg, [], []).build()[0]
+    assert torch.equal(detector.backbone.body.model.blocks[1].attn.qkv.weight, want)

@@ -4,9 +4,10 @@ Every name runs at a tiny width and a small input (``conftest.tiny_overrides`` p
 ``img_size``); ``torch.jit.script`` is not covered. What timm checks and is run here: forward
 and backward reaching every parameter, ``pretrained_cfg`` contents, ``reset_classifier``,
 ``forward_features`` / ``forward_head(pre_logits=True)`` widths, ``forward_intermediates`` with
-timm's signature and return, ``prune_intermediate_layers``, ``features_only``, fx through
-torchvision's ``create_feature_extractor``, ``torch.compile(fullgraph=True)`` and gradient
-checkpointing; plus layer decay through ``group_matcher``.
+timm's signature and return, ``prune_intermediate_layers``, ``features_only``, a plain
+``torch.fx.symbolic_trace``, torchvision's ``create_feature_extractor`` (with and without
+timm's tracer kwargs), ``torch.compile(fullgraph=True)`` and gradient checkpointing; plus layer
+decay through ``group_matcher``.
 """
 
 import pytest
@@ -201,21 +202,88 @@ def test_features_only_drops_into_torchvision_faster_rcnn():
     assert fe.model.patch_embed.proj.weight.grad is not None
 
 
+def test_features_only_serves_a_consumer_written_for_timms_feature_list_net():
+    """smp / mmdet style: widths and strides read from feature_info, maps fused at input size."""
+    from timm.models._features import FeatureListNet
+
+    class Fuse(torch.nn.Module):
+        def __init__(self, fe: torch.nn.Module) -> None:
+            super().__init__()
+            self.fe, self.strides = fe, fe.feature_info.reduction()
+            self.lateral = torch.nn.ModuleList(
+                torch.nn.Conv2d(c, 8, 1) for c in fe.feature_info.channels()
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = 0
+            for f, lateral, s in zip(self.fe(x), self.lateral, self.strides, strict=True):
+                assert f.shape[-2:] == (-(-x.shape[-2] // s), -(-x.shape[-1] // s))
+                out = out + torch.nn.functional.interpolate(lateral(f), size=x.shape[-2:])
+            return out
+
+    ref = timm.create_model("resnet18", features_only=True, out_indices=(1, 2, 3))
+    assert isinstance(ref, FeatureListNet)  # what the consumer was written against
+    x = torch.randn(1, 3, 48, 40)
+    for fe in (
+        ref,
+        small("swin_test", features_only=True, out_indices=(1, 2, 3)),
+        small("vit_test", features_only=True, out_indices=(0, 1)),
+        small("hybrid_test", features_only=True),
+    ):
+        info = fe.feature_info
+        assert [d["num_chs"] for d in info.get_dicts()] == info.channels()
+        with torch.no_grad():
+            assert Fuse(fe.eval())(x).shape == (1, 8, 48, 40)
+
+
 # --- tracing and compiling ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["vit_test", "vit_test_avg_rope", "swin_test", "hybrid_test"])
-def test_fx_feature_extractor(name):
-    """timm's fx test: torchvision's extractor with timm's leaf modules and functions."""
+def assert_same_outputs(got, want) -> None:
+    if isinstance(want, dict):  # grasp maps
+        assert got.keys() == want.keys()
+        got, want = list(got.values()), list(want.values())
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fx_symbolic_trace_equals_eager(name):
+    """A plain trace (no leaf modules given) runs at any input size, like the model itself."""
+    m = small(name).eval()
+    gm = torch.fx.symbolic_trace(m)
+    x = batch(m)
+    odd = torch.randn(1, m.in_chans, x.shape[-2] + 5, x.shape[-1] + 9)  # pads, resamples
+    with torch.no_grad():
+        for inp in (x, odd):
+            assert_same_outputs(gm(inp), m(inp))
+
+
+# module whose output is a feature map -> how forward_intermediates gives the same map
+FX_NODES = {
+    "vit_test": ("blocks.0", lambda t: t[:, 1:], {"output_fmt": "NLC"}),  # drop the class token
+    "vit_test_avg_rope": ("blocks.0", lambda t: t, {"output_fmt": "NLC"}),
+    "swin_test": ("layers.1", lambda t: t, {"output_fmt": "NHWC"}),
+    "hybrid_test": ("trunk.stem.1", lambda t: t, {}),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "tracer_kwargs"),
+    [(name, None) for name in FX_NODES] + [("vit_test", TRACER)],  # and timm's fx test's kwargs
+)
+def test_fx_feature_extractor(name, tracer_kwargs):
+    """torchvision's extractor, as is and with the kwargs timm's own fx test passes."""
     m = small(name).eval()
     x = batch(m)
-    last, head = m.feature_info[-1]["module"], m.pretrained_cfg["classifier"]
-    fx = create_feature_extractor(m, {last: "feat", head: "logits"}, tracer_kwargs=TRACER)
+    node, as_map, fmt = FX_NODES[name]
+    index = [i["module"] for i in m.feature_info].index(node)
+    head = m.pretrained_cfg["classifier"]
+    fx = create_feature_extractor(m, {node: "feat", head: "logits"}, tracer_kwargs=tracer_kwargs)
     with torch.no_grad():
         out = fx(x)
+        (want,) = m.forward_intermediates(x, [index], intermediates_only=True, **fmt)
         torch.testing.assert_close(out["logits"], m(x))
-        (want,) = m.forward_intermediates(x, [-1], intermediates_only=True)
-    assert out["feat"].numel() >= want.numel() and out["feat"].shape[0] == 2
+    torch.testing.assert_close(as_map(out["feat"]), want)
 
 
 def test_compile_fullgraph_and_export_tiny_model():

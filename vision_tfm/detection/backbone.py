@@ -22,11 +22,10 @@ a family gets is its class's ``backbone_kind``:
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from torch import nn
 
 from ..layers import LayerNorm2d
 from ..models import create_model
-from ..models.hub import load_weights
+from ..models.hub import Weights, load_weights, weights_source
 from ..models.registry import get_model_entry
 
 __all__ = ["EXTRA_BLOCKS", "DetectionBackbone", "SwinFeatures", "ViTFeatures", "create_backbone"]
@@ -247,7 +246,7 @@ def create_backbone(
     name: str,
     out_indices: Sequence[int] = (0, 1, 2, 3),
     fpn: bool = False,
-    pretrained: str | os.PathLike | Mapping | None = None,
+    pretrained: Weights = None,
     frozen_stages: int = 0,
     img_size: int | None = None,
     *,
@@ -262,7 +261,10 @@ def create_backbone(
         name: A registered ViT or Swin name (``vt.list_models()``).
         out_indices: Levels to output: Swin stages, or ViT pyramid levels (strides 4, 8, 16, 32).
         fpn: Add a neck so all levels share ``out_channels`` (an int, as detectors need).
-        pretrained: A timm / torchvision / official classification checkpoint or state dict.
+        pretrained: Weights as ``create_model`` takes them: True (timm's published weights
+            for the name) or a tag, from the Hugging Face cache; or a timm / torchvision /
+            official classification checkpoint (path or state dict). A string is read as
+            ``ModelConfig.pretrained`` is (``models.hub.weights_source``).
         frozen_stages: Freeze the patch embedding and the first k stages (ViT: k quarters of
             the blocks, plus position embedding and class token); 0 freezes nothing.
         img_size: ViT: the grid the position table is kept at (pretrained ones are resampled).
@@ -283,10 +285,11 @@ def create_backbone(
     model = create_model(name, **model_kw)
     n = len(VIT_STRIDES) if kind == "simple_pyramid" else len(model.feature_info)
     out_indices = _check_args(name, out_indices, frozen_stages, extra_block, n)
-    if pretrained is not None:
+    published, checkpoint_path = weights_source(pretrained)
+    if published or checkpoint_path is not None:
         with warnings.catch_warnings():  # the head is dropped below, whatever its class count
             warnings.filterwarnings("ignore", message="classifier head left at init")
-            load_weights(model, checkpoint_path=pretrained)
+            load_weights(model, published, checkpoint_path)
     if kind == "stages":
         body: SwinFeatures | ViTFeatures = SwinFeatures(model, out_indices, out_norm)
     else:

@@ -8,12 +8,12 @@ plus ``pool``; RetinaNet: 8-32 plus P6, P7) these are torchvision's sizes 32-512
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
+from ..models.hub import Weights
 from .backbone import create_backbone
 
 __all__ = ["DETECTORS", "build_detector"]
@@ -27,7 +27,7 @@ def build_detector(
     num_classes: int,
     *,
     out_indices: Sequence[int] | None = None,
-    pretrained: str | os.PathLike | Mapping | None = None,
+    pretrained: Weights = None,
     frozen_stages: int = 0,
     img_size: int | None = None,
     out_channels: int = 256,
@@ -44,7 +44,8 @@ def build_detector(
         num_classes: Including background (labels are 1..num_classes-1), as torchvision counts;
             so at least 2.
         out_indices: Backbone levels; default strides 4-32 (Faster R-CNN) or 8-32 (RetinaNet).
-        pretrained: Classification checkpoint for the backbone (see ``create_backbone``).
+        pretrained: Backbone weights: True, a timm tag, or a classification checkpoint
+            (see ``create_backbone``).
         frozen_stages: Backbone stages to freeze (see ``create_backbone``).
         img_size: ViT position-table grid (see ``create_backbone``).
         out_channels: FPN / pyramid width.

@@ -16,7 +16,7 @@ from .cache import TensorCache
 from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
-from .patch_embed import PatchEmbed, check_image, symbolic
+from .patch_embed import PatchEmbed, check_image, pad_to_multiple, symbolic
 from .pos_embed import (
     apply_rope,
     relative_position_bias,
@@ -53,6 +53,7 @@ __all__ = [
     "get_norm_layer",
     "linear_attention",
     "merge_bias_and_mask",
+    "pad_to_multiple",
     "relative_position_bias",
     "relative_position_index",
     "resample_abs_pos_embed",

@@ -39,6 +39,7 @@ __all__ = [
     "fused_attn",
     "linear_attention",
     "merge_bias_and_mask",
+    "mix_heads",
     "orthogonal_gaussian",
     "set_fused_attn",
 ]
@@ -321,7 +322,6 @@ class Attention(nn.Module):
             return_attn: Also return the attention weights; forces the explicit path (linear
                 attention then forms its ``(N, N)`` weights too, for rollout maps).
         """
-        *lead, N, C = x.shape
         # One transpose and one split (3 views): exports as 3 ONNX nodes instead of 8.
         qkv = self.qkv(x).unflatten(-1, (3 * self.num_heads, self.head_dim))  # (..., N, 3h, d)
         q, k, v = qkv.transpose(-3, -2).chunk(3, dim=-3)  # 3 x (..., h, N, d)
@@ -329,13 +329,10 @@ class Attention(nn.Module):
         if rope is not None:
             q = apply_rope(q, rope, num_prefix_tokens)
             k = apply_rope(k, rope, num_prefix_tokens)
-        if self.feature_map is not None:
-            out, attn = self._linear(q, k, v, bias, mask, return_attn or self.store_attn)
-        else:
-            out, attn = self._softmax(q, k, v, bias, mask, return_attn)
+        out, attn = mix_heads(self, q, k, v, bias, mask, return_attn)
         if self.store_attn and attn is not None:
             self.last_attn = attn.detach()
-        out = out.transpose(-3, -2).reshape(*lead, N, C)  # (..., N, C)
+        out = out.transpose(-3, -2).flatten(-2)  # (..., N, C)
         out = self.proj_drop(self.proj(out))
         return (out, attn) if return_attn else out
 
@@ -448,6 +445,29 @@ class Attention(nn.Module):
         if self.feature_map is not None:
             return f"heads={self.num_heads}, head_dim={self.head_dim}, attn_type=linear"
         return f"heads={self.num_heads}, head_dim={self.head_dim}, fused={self.fused}"
+
+
+def mix_heads(
+    attn: Attention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    return_attn: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``attn``'s linear or softmax attention on ``(..., h, N, d)`` heads, and its weights.
+
+    An fx leaf function (``torch.fx.wrap``): the path it picks reads the dtype, device, rank
+    and autograd state of ``q``, which ``torch.fx.symbolic_trace`` does not know, so a traced
+    graph calls it and it picks the eager path at run time.
+    """
+    if attn.feature_map is not None:
+        return attn._linear(q, k, v, bias, mask, return_attn or attn.store_attn)
+    return attn._softmax(q, k, v, bias, mask, return_attn)
+
+
+torch.fx.wrap("mix_heads")
 
 
 def set_fused_attn(module: nn.Module, enabled: bool) -> nn.Module:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PatchEmbed", "check_image"]
+__all__ = ["PatchEmbed", "check_image", "pad_to_multiple", "symbolic"]
 
 
 def symbolic(*sizes: int) -> bool:
@@ -17,6 +17,24 @@ def symbolic(*sizes: int) -> bool:
     skipped when they would do nothing.
     """
     return any(isinstance(s, torch.SymInt) for s in sizes)
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: int, channels_last: bool = False) -> torch.Tensor:
+    """Zero-pad the bottom/right of an NCHW (or NHWC) batch up to whole ``multiple``s.
+
+    Concrete sizes that already fit return ``x`` itself; symbolic ones always pad (possibly by
+    zero). An fx leaf function in every module that calls it (``torch.fx.wrap``), since the
+    branch reads the input size, which ``torch.fx.symbolic_trace`` does not know.
+    """
+    h, w = (x.shape[1], x.shape[2]) if channels_last else (x.shape[-2], x.shape[-1])
+    hp = (h + multiple - 1) // multiple * multiple  # ceil; ONNX integer Div truncates
+    wp = (w + multiple - 1) // multiple * multiple
+    if not symbolic(h, w) and (hp, wp) == (h, w):
+        return x
+    return F.pad(x, (0, 0, 0, wp - w, 0, hp - h) if channels_last else (0, wp - w, 0, hp - h))
+
+
+torch.fx.wrap("pad_to_multiple")
 
 
 def check_image(
@@ -89,10 +107,5 @@ class PatchEmbed(nn.Module):
         return (h + p - 1) // p, (w + p - 1) // p  # ceil; ONNX integer Div truncates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, w = x.shape[-2:]
-        gh, gw = self.grid_size(h, w)
-        p = self.patch_size
-        if symbolic(h, w) or (gh * p, gw * p) != (h, w):
-            x = F.pad(x, (0, gw * p - w, 0, gh * p - h))
-        x = self.proj(x).permute(0, 2, 3, 1)  # (B, H/p, W/p, D)
+        x = self.proj(pad_to_multiple(x, self.patch_size)).permute(0, 2, 3, 1)  # (B, H/p, W/p, D)
         return self.norm(x)

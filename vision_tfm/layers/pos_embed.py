@@ -165,7 +165,8 @@ def apply_rope(
     x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], num_prefix_tokens: int = 0
 ) -> torch.Tensor:
     """Rotate ``(..., N, head_dim)`` queries or keys; the first ``num_prefix_tokens`` stay put."""
-    sin, cos = (t.to(x.dtype) for t in rope)
+    sin, cos = rope  # unpacked, not iterated: an fx Proxy only unpacks
+    sin, cos = sin.to(x.dtype), cos.to(x.dtype)
     if num_prefix_tokens:
         prefix, x = x[..., :num_prefix_tokens, :], x[..., num_prefix_tokens:, :]
         return torch.cat([prefix, x * cos + _rotate_half(x) * sin], dim=-2)

@@ -13,19 +13,9 @@ from typing import Any, ClassVar
 
 import torch
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import register_notrace_function, register_notrace_module
 from torch import nn
 
-from ..layers import Attention, PatchEmbed, resample_abs_pos_embed, rope_2d, sincos_2d
-
 __all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
-
-# fx: modules and functions that branch on sizes run as single graph nodes. timm's registries
-# are what timm's (and torchvision's, given timm's tracer kwargs) feature extractors read.
-for _m in (PatchEmbed, Attention):
-    register_notrace_module(_m)
-for _f in (resample_abs_pos_embed, rope_2d, sincos_2d):
-    register_notrace_function(_f)
 
 
 def intermediates_result(

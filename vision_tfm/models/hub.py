@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,9 +21,28 @@ from torch import nn
 
 from .convert import convert_state_dict, load_pretrained, read_state_dict
 
-__all__ = ["load_weights", "resolve_pretrained_cfg"]
+__all__ = ["load_weights", "resolve_pretrained_cfg", "weights_source"]
 
 _DATA_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation", "hf_hub_id", "tag")
+_CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+Weights = bool | str | os.PathLike | Mapping | None
+
+
+def weights_source(weights: Weights) -> tuple[bool | str, str | os.PathLike | Mapping | None]:
+    """One ``pretrained`` value (a config key, a CLI flag) as ``(pretrained, checkpoint_path)``.
+
+    True is timm's default published weights; a state dict or a path object is a checkpoint;
+    a string with a path separator or a checkpoint suffix, or naming an existing file, is a
+    file; any other non-empty string is a tag of the published weights.
+    """
+    if isinstance(weights, (Mapping, os.PathLike)):
+        return False, weights
+    if not isinstance(weights, str) or not weights:
+        return bool(weights), None
+    path = Path(weights)
+    if os.sep in weights or "/" in weights or path.suffix in _CKPT_SUFFIXES or path.exists():
+        return False, weights
+    return weights, None
 
 
 def resolve_pretrained_cfg(name: str, tag: str | None = None) -> dict[str, Any]:

@@ -26,10 +26,10 @@ from ..layers import (
     block_stack,
     check_image,
     checkpointed,
+    pad_to_multiple,
     rope_2d,
     run_blocks,
     sincos_2d,
-    symbolic,
 )
 from ._common import (
     AT_LEAST_0,
@@ -55,6 +55,10 @@ __all__ = [
 ]
 
 POS_EMBEDS = ("sincos", "rope", "none")
+# fx leaf functions: they branch on the input size, which torch.fx.symbolic_trace does not know
+for _fn in ("pad_to_multiple", "rope_2d", "sincos_2d"):
+    torch.fx.wrap(_fn)
+
 GRASP_KEYS = ("quality", "cos", "sin", "width")  # order of the decoder's output channels
 RULES = {
     **BASE_RULES,
@@ -431,13 +435,10 @@ class GraspHybrid(_HybridModel):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         self._check(x)
         H, W = x.shape[-2:]
-        r = self.trunk.reduction
-        Hp, Wp = (H + r - 1) // r * r, (W + r - 1) // r * r
-        if symbolic(H, W) or (Hp, Wp) != (H, W):
-            x = F.pad(x, (0, Wp - W, 0, Hp - H))
-        tokens, feats = self.trunk(x)
+        tokens, feats = self.trunk(pad_to_multiple(x, self.trunk.reduction))
         out = self.decode(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
-        return dict(zip(GRASP_KEYS, out.split(1, dim=1)))  # 4 x (B, 1, H, W) logits
+        maps = out.split(1, dim=1)  # indexed, not iterated: an fx Proxy does not iterate
+        return {k: maps[i] for i, k in enumerate(GRASP_KEYS)}  # 4 x (B, 1, H, W) logits
 
 
 # --- registered sizes -------------------------------------------------------------------

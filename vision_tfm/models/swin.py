@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
-from timm.layers import register_notrace_module
 from torch import nn
 
 from ..layers import (
@@ -30,6 +28,7 @@ from ..layers import (
     TensorCache,
     check_image,
     checkpointed,
+    pad_to_multiple,
     relative_position_bias,
     relative_position_index,
     symbolic,
@@ -107,6 +106,63 @@ def gather_roll(
     return x
 
 
+def shift_windows(
+    x: torch.Tensor, ws: int, shift_size: int
+) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Pad ``(B, H, W, C)`` to whole ``ws`` windows, then roll it up/left by Swin's shift.
+
+    Returns the map and the shift per side: a window that covers a whole (padded) side needs
+    no shift there. Symbolic sizes (dynamic-H/W export) pad and roll unconditionally, the shift
+    chosen inside the graph, so one graph serves every input size (``sym_ite`` on plain ints
+    breaks ``torch.compile``).
+    """
+    symbolic_size = symbolic(x.shape[1], x.shape[2])
+    x = pad_to_multiple(x, ws, channels_last=True)
+    Hp, Wp = x.shape[1], x.shape[2]
+    if symbolic_size:
+        shift = tuple(torch.sym_ite(ws < n, shift_size, 0) for n in (Hp, Wp))
+        return gather_roll(x, shift, -1, (Hp, Wp)), shift
+    shift = (shift_size if ws < Hp else 0, shift_size if ws < Wp else 0)
+    return (torch.roll(x, (-shift[0], -shift[1]), (1, 2)) if any(shift) else x), shift
+
+
+def unshift_windows(x: torch.Tensor, shift: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """Undo :func:`shift_windows`: roll ``(B, Hp, Wp, C)`` back and crop it to ``size``."""
+    if symbolic(*size):
+        return gather_roll(x, shift, 1, size)
+    x = torch.roll(x, shifts=shift, dims=(1, 2)) if any(shift) else x
+    return x if (x.shape[1], x.shape[2]) == tuple(size) else x[:, : size[0], : size[1], :]
+
+
+def window_bias(
+    block: SwinBlock, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device
+) -> torch.Tensor:
+    """``block``'s relative position bias, plus the shifted-window mask when shifted.
+
+    ``(heads, N, N)`` or ``(nW, heads, N, N)``. With a frozen bias (inference fast path) the
+    sum is cached per input size.
+    """
+    bias, ws = block.attn.rel_bias(), block.window_size
+    if symbolic(Hp, Wp):
+        return bias + shifted_window_mask(Hp, Wp, ws, shift, device).to(bias.dtype)
+    if not any(shift):
+        return bias
+
+    def biased() -> torch.Tensor:
+        key = (Hp, Wp, ws, shift, device)
+        mask = _MASKS.get(key, lambda: shifted_window_mask(Hp, Wp, ws, shift, device))
+        return bias + mask.to(bias.dtype)
+
+    if block.attn.frozen_bias is None:
+        return biased()
+    return block._bias_cache.get((Hp, Wp, shift, device, bias.dtype), biased)
+
+
+# fx leaf functions: they branch on the input size, which torch.fx.symbolic_trace does not know
+for _fn in ("pad_to_multiple", "shift_windows", "unshift_windows", "window_bias"):
+    torch.fx.wrap(_fn)
+
+
 class WindowAttention(Attention):
     """Attention inside windows, plus Swin's learned relative position bias."""
 
@@ -138,7 +194,6 @@ class WindowAttention(Attention):
         self.frozen_bias = self.rel_bias().detach()
 
 
-@register_notrace_module  # fx: window padding and shifts depend on the input size
 class SwinBlock(Block):
     """A Transformer block whose attention runs in (optionally shifted) windows.
 
@@ -154,57 +209,18 @@ class SwinBlock(Block):
         self.shift_size = window_size // 2 if shift else 0
         self._bias_cache = TensorCache(BIAS_SIZES_CACHED)  # bias + mask, frozen path only
 
-    def _mask(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
-        if symbolic(Hp, Wp):
-            return shifted_window_mask(Hp, Wp, self.window_size, shift, device)
-        key = (Hp, Wp, self.window_size, shift, device)
-        return _MASKS.get(key, lambda: shifted_window_mask(Hp, Wp, self.window_size, shift, device))
-
-    def _bias(self, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device) -> torch.Tensor:
-        """Relative position bias, plus the shifted-window mask when shifted.
-
-        With a frozen bias (inference fast path) the sum is cached per input size.
-        """
-        bias = self.attn.rel_bias()
-        if not symbolic(Hp, Wp) and not any(shift):
-            return bias
-        if self.attn.frozen_bias is not None and not symbolic(Hp, Wp):
-            key = (Hp, Wp, shift, device, bias.dtype)
-            return self._bias_cache.get(
-                key, lambda: bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
-            )
-        return bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
-
     def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:
-        _, H, W, _ = x.shape
-        ws = self.window_size
-        Hp, Wp = (H + ws - 1) // ws * ws, (W + ws - 1) // ws * ws  # padded to whole windows
-        # a window covering the whole (padded) dim needs no shift. Symbolic sizes (dynamic-H/W
-        # export): pad, roll and mask unconditionally, the shift chosen inside the graph, so
-        # one graph serves every input size. (sym_ite on plain ints breaks torch.compile.)
-        traced = symbolic(H, W)
-        if traced:
-            shift = tuple(torch.sym_ite(ws < n, self.shift_size, 0) for n in (Hp, Wp))
-            x = gather_roll(F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)), shift, -1, (Hp, Wp))
-        else:
-            shift = tuple(self.shift_size if ws < n else 0 for n in (Hp, Wp))
-            padded = (Hp, Wp) != (H, W)
-            x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H)) if padded else x
-            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2)) if any(shift) else x
-        bias = self._bias(Hp, Wp, shift, x.device)  # (heads, N, N) or (nW, heads, N, N)
-        windows = window_partition(x, ws)  # (B, nW, N, C)
-        windows = self.attn(windows, bias=bias)  # (B, nW, N, C)
-        x = window_reverse(windows, ws, Hp, Wp)  # (B, Hp, Wp, C)
-        if traced:
-            return gather_roll(x, shift, 1, (H, W))
-        x = torch.roll(x, shifts=shift, dims=(1, 2)) if any(shift) else x
-        return x[:, :H, :W, :] if padded else x
+        H, W, ws = x.shape[1], x.shape[2], self.window_size
+        x, shift = shift_windows(x, ws, self.shift_size)  # (B, Hp, Wp, C)
+        Hp, Wp = x.shape[1], x.shape[2]
+        bias = window_bias(self, Hp, Wp, shift, x.device)  # (heads, N, N) or (nW, heads, N, N)
+        windows = self.attn(window_partition(x, ws), bias=bias)  # (B, nW, N, C)
+        return unshift_windows(window_reverse(windows, ws, Hp, Wp), shift, (H, W))
 
     def extra_repr(self) -> str:
         return f"window_size={self.window_size}, shift_size={self.shift_size}"
 
 
-@register_notrace_module  # fx: odd sides are padded
 class PatchMerging(nn.Module):
     """Halve resolution, double width: concat each 2x2 neighbourhood, norm, project."""
 
@@ -214,12 +230,10 @@ class PatchMerging(nn.Module):
         self.reduction = nn.Linear(4 * dim, out_dim or 2 * dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = pad_to_multiple(x, 2, channels_last=True)  # odd sides
         B, H, W, C = x.shape
-        h, w = (H + 1) // 2, (W + 1) // 2
-        if symbolic(H, W) or (2 * h, 2 * w) != (H, W):  # pad odd sides
-            x = F.pad(x, (0, 0, 0, 2 * w - W, 0, 2 * h - H))
         # order (0,0), (1,0), (0,1), (1,1) as the official repo, so checkpoints agree
-        x = x.reshape(B, h, 2, w, 2, C).permute(0, 1, 3, 4, 2, 5)  # (B,h,w,2w,2h,C)
+        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5)  # (B,h,w,2w,2h,C)
         return self.reduction(self.norm(x.flatten(3)))  # (B, H/2, W/2, 2C)
 
 

@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
 
 @dataclass
@@ -62,17 +61,11 @@ class ModelConfig:
     grad_checkpointing: bool = False
 
     def weights(self) -> tuple[bool | str, str | None]:
-        """``pretrained`` as ``create_model``'s (pretrained, checkpoint_path) pair.
+        """``pretrained`` as ``create_model``'s (pretrained, checkpoint_path) pair (the rule
+        is ``models.hub.weights_source``'s, which ``create_backbone`` follows too)."""
+        from ..models.hub import weights_source
 
-        A value with a path separator or a checkpoint suffix, or naming an existing file, is
-        a file; any other string is a tag of the published weights.
-        """
-        p = self.pretrained
-        if not isinstance(p, str) or not p:
-            return bool(p), None
-        if os.sep in p or "/" in p or Path(p).suffix in _CKPT_SUFFIXES or Path(p).exists():
-            return False, p
-        return p, None
+        return weights_source(self.pretrained)
 
     def create(self, **defaults: Any) -> Any:
         """The model: ``defaults`` (from the data), then ``kwargs``, weights, checkpointing."""
