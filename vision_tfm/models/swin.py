@@ -27,6 +27,7 @@ from ..layers import (
     Block,
     LayerNorm,
     PatchEmbed,
+    Rope,
     TensorCache,
     check_image,
     checkpointed,
@@ -39,6 +40,7 @@ from ._common import (
     BASE_RULES,
     block_kwargs,
     check_config,
+    choice_rule,
     init_weights,
     select_indices,
 )
@@ -175,7 +177,7 @@ class SwinBlock(Block):
             )
         return bias + self._mask(Hp, Wp, shift, device).to(bias.dtype)
 
-    def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         _, H, W, _ = x.shape
         ws = self.window_size
         Hp, Wp = (H + ws - 1) // ws * ws, (W + ws - 1) // ws * ws  # padded to whole windows
@@ -294,6 +296,7 @@ class SwinTransformer(VisionModel):
         "patch_size": AT_LEAST_1,
         "depths": AT_LEAST_1,
         "window_size": AT_LEAST_1,
+        "norm_place": choice_rule(("pre", "post")),  # ResiDual's dual stream: not in stages
     }
     classifier = "head.fc"
     output_fmt = "NHWC"
@@ -302,11 +305,6 @@ class SwinTransformer(VisionModel):
         super().__init__()
         check_config(cfg, type(self).__name__, self.config_rules)
         self._check_heads(cfg)
-        if cfg.norm_place not in ("pre", "post"):  # "residual" needs one token stream
-            raise ValueError(
-                f"{type(self).__name__} config: norm_place must be 'pre' or 'post', "
-                f"got {cfg.norm_place!r} ('residual' is for ViT and the hybrid)"
-            )
         self.cfg = cfg
         self.num_classes = cfg.num_classes
         self.in_chans = cfg.in_chans
