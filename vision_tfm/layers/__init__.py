@@ -1,4 +1,10 @@
-"""The shared core: every model family builds from these pieces and none redefines them."""
+"""The shared core: every model family builds from these pieces and none redefines them.
+
+Stochastic depth, LayerScale and the GELU MLP are timm's own (same state-dict keys); they
+are re-exported here so that the families import every piece from one place.
+"""
+
+from timm.layers import DropPath, LayerScale, drop_path
 
 from .attention import (
     ATTN_TYPES,
@@ -23,7 +29,6 @@ from .block import (
     run_blocks,
 )
 from .cache import TensorCache
-from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
 from .patch_embed import PatchEmbed, check_image, symbolic

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from timm.layers import DropPath, LayerScale
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention
-from .drop import DropPath, LayerScale
 from .mlp import Mlp
 from .norm import LayerNorm
 from .pos_embed import Rope

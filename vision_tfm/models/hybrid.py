@@ -71,7 +71,10 @@ RULES = {
 
 
 class ConvNormAct(nn.Module):
-    """Conv -> BatchNorm -> GELU; BN rather than LayerNorm because it folds into the conv."""
+    """Conv -> BatchNorm -> GELU; BN rather than LayerNorm because it folds into the conv.
+
+    Not torchvision's ``Conv2dNormActivation``: its numbered keys would rename the ``conv`` /
+    ``bn`` weights of every trained grasp checkpoint."""
 
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 3, stride: int = 1) -> None:
         super().__init__()
