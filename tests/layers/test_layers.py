@@ -6,19 +6,23 @@ import pytest
 import torch
 
 from vision_tfm.layers import (
+    NORM_PLACEMENTS,
     Attention,
     Block,
     DropPath,
     LayerNorm2d,
     Mlp,
     PatchEmbed,
+    Rope,
     SwiGLU,
     apply_rope,
+    block_stack,
     fused_attn,
     relative_position_bias,
     relative_position_index,
     resample_abs_pos_embed,
     rope_2d,
+    run_blocks,
     sincos_2d,
 )
 
@@ -162,8 +166,8 @@ def test_rope_depends_only_on_relative_offset():
 
     def score(pq, pk):
         i, j = pq[0] * 6 + pq[1], pk[0] * 6 + pk[1]
-        rq = apply_rope(q.expand(36, hd), (sin, cos))[i]
-        rk = apply_rope(k.expand(36, hd), (sin, cos))[j]
+        rq = apply_rope(q.expand(36, hd), Rope(sin, cos))[i]
+        rk = apply_rope(k.expand(36, hd), Rope(sin, cos))[j]
         return (rq @ rk).item()
 
     s1 = score((1, 1), (2, 4))
@@ -172,8 +176,28 @@ def test_rope_depends_only_on_relative_offset():
     assert s1 != pytest.approx(score((1, 1), (2, 5)), abs=1e-3)
     # prefix tokens are not rotated
     x = torch.randn(1, 37, hd)
-    out = apply_rope(x, (sin, cos), num_prefix_tokens=1)
+    out = apply_rope(x, Rope(sin, cos, num_prefix_tokens=1))
     torch.testing.assert_close(out[:, 0], x[:, 0])
+
+
+def test_rope_changes_attention_and_a_shifted_grid_leaves_it_unchanged():
+    """Attention with RoPE on a 3x3 grid placed at rows/cols 0-2 or 2-4 of a 5x5 table:
+    every position moves by (2, 2), so the scores, and the output, must not change."""
+    torch.manual_seed(0)
+    attn = Attention(32, 2).eval()
+    x = torch.randn(1, 9, 32)  # no class token: its scores would see absolute positions
+    big = rope_2d(5, 5, 16)
+    rows = torch.arange(3)
+
+    def at(offset):
+        idx = ((rows[:, None] + offset) * 5 + rows[None, :] + offset).reshape(-1)
+        return Rope(big[0][idx], big[1][idx])
+
+    with torch.no_grad():
+        plain = attn(x)
+        a, b = attn(x, rope=at(0)), attn(x, rope=at(2))
+    assert (a - plain).abs().max() > 1e-2  # RoPE is applied
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # and only offsets matter
 
 
 def test_resample_pos_embed_identity_and_shape():
@@ -198,13 +222,38 @@ def test_post_and_pre_norm_differ_and_are_finite():
     assert not torch.allclose(a, b, atol=1e-3)
     # post-norm output is normalised per token
     torch.testing.assert_close(b.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
-    res = Block(16, 2, norm_place="residual").eval()
-    y, dual = res.forward_dual(x, torch.zeros_like(x))
-    assert torch.isfinite(y).all() and torch.isfinite(dual).all()
-    with pytest.raises(RuntimeError, match="forward_dual"):
-        res(x)
-    with pytest.raises(ValueError, match="norm_place"):
-        Block(16, 2, norm_place="sandwich")
+
+
+def test_residual_stack_matches_the_papers_formula_written_out():
+    """ResiDual (Xie et al. 2023) on two blocks by hand: each sublayer output f feeds the
+    post-norm stream x <- LN(x + f) and the dual sum d <- d + f; the output is x + LN(d)."""
+    torch.manual_seed(0)
+    blocks = block_stack(2, dim=16, num_heads=2, norm_place="residual").eval()
+    final = torch.nn.LayerNorm(16)
+    with torch.no_grad():
+        for m in [*blocks, final]:
+            for n in m.modules():
+                if isinstance(n, torch.nn.LayerNorm):  # away from identity, so order shows
+                    n.weight.uniform_(0.5, 1.5)
+                    n.bias.normal_()
+    x = torch.randn(2, 5, 16)
+    want, d = x, torch.zeros_like(x)
+    for b in blocks:
+        a = b.attn(want)
+        want, d = b.norm1(want + a), d + a
+        m = b.mlp(want)
+        want, d = b.norm2(want + m), d + m
+    want = want + final(d)
+    with torch.no_grad():
+        torch.testing.assert_close(run_blocks(blocks, x, final), want)
+        # pre norm: the same weights give x + f(LN(x)) per sublayer, then the final norm
+        for b in blocks:
+            b.place = NORM_PLACEMENTS["pre"]
+        ref = x
+        for b in blocks:
+            ref = ref + b.attn(b.norm1(ref))
+            ref = ref + b.mlp(b.norm2(ref))
+        torch.testing.assert_close(run_blocks(blocks, x, final), final(ref))
 
 
 def test_drop_path_keeps_expectation_and_mlps():

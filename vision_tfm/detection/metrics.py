@@ -13,18 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+from torchvision.ops import box_iou
 
 __all__ = ["box_iou", "mean_average_precision", "voc_ap"]
-
-
-def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IoU of ``(N, 4)`` and ``(M, 4)`` xyxy boxes -> ``(N, M)``."""
-    lt = torch.maximum(a[:, None, :2], b[None, :, :2])  # (N, M, 2)
-    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])  # (N, M, 2)
-    inter = (rb - lt).clamp(min=0).prod(-1)  # (N, M)
-    area_a = (a[:, 2:] - a[:, :2]).prod(-1)  # (N,)
-    area_b = (b[:, 2:] - b[:, :2]).prod(-1)  # (M,)
-    return inter / (area_a[:, None] + area_b[None, :] - inter).clamp(min=1e-12)
 
 
 def voc_ap(recall: torch.Tensor, precision: torch.Tensor) -> float:

@@ -1,4 +1,10 @@
-"""The shared core: every model family builds from these pieces and none redefines them."""
+"""The shared core: every model family builds from these pieces and none redefines them.
+
+Stochastic depth, LayerScale and the GELU MLP are timm's own (same state-dict keys); they
+are re-exported here so that the families import every piece from one place.
+"""
+
+from timm.layers import DropPath, LayerScale, drop_path
 
 from .attention import (
     ATTN_TYPES,
@@ -11,13 +17,23 @@ from .attention import (
     merge_bias_and_mask,
     set_fused_attn,
 )
-from .block import NORM_PLACEMENTS, Block, block_stack, checkpointed, run_blocks
+from .block import (
+    NORM_PLACEMENTS,
+    Block,
+    NormPlacement,
+    PostNorm,
+    PreNorm,
+    ResiDual,
+    block_stack,
+    checkpointed,
+    run_blocks,
+)
 from .cache import TensorCache
-from .drop import DropPath, LayerScale, drop_path
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
 from .patch_embed import PatchEmbed, check_image, pad_to_multiple, symbolic
 from .pos_embed import (
+    Rope,
     apply_rope,
     relative_position_bias,
     relative_position_index,
@@ -38,8 +54,13 @@ __all__ = [
     "LayerNorm2d",
     "LayerScale",
     "Mlp",
+    "NormPlacement",
     "PatchEmbed",
+    "PostNorm",
+    "PreNorm",
     "RMSNorm",
+    "ResiDual",
+    "Rope",
     "SwiGLU",
     "TensorCache",
     "apply_rope",

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norm import LayerNorm
-from .pos_embed import apply_rope
+from .pos_embed import Rope, apply_rope
 
 __all__ = [
     "ATTN_TYPES",
@@ -307,8 +307,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        num_prefix_tokens: int = 0,
+        rope: Rope | None = None,
         return_attn: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend.
@@ -317,8 +316,7 @@ class Attention(nn.Module):
             x: Tokens ``(..., N, C)``.
             bias: Additive logits bias broadcastable to ``(..., heads, N, N)``.
             mask: Boolean, True where attention is allowed; same broadcasting as ``bias``.
-            rope: ``(sin, cos)`` of shape ``(N - num_prefix_tokens, head_dim)``.
-            num_prefix_tokens: Leading tokens (class/register) that RoPE leaves alone.
+            rope: Rotary tables of the token grid (prefix tokens are not rotated).
             return_attn: Also return the attention weights; forces the explicit path (linear
                 attention then forms its ``(N, N)`` weights too, for rollout maps).
         """
@@ -327,8 +325,7 @@ class Attention(nn.Module):
         q, k, v = qkv.transpose(-3, -2).chunk(3, dim=-3)  # 3 x (..., h, N, d)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q = apply_rope(q, rope, num_prefix_tokens)
-            k = apply_rope(k, rope, num_prefix_tokens)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         out, attn = mix_heads(self, q, k, v, bias, mask, return_attn)
         if self.store_attn and attn is not None:
             self.last_attn = attn.detach()

@@ -1,11 +1,13 @@
-"""The Transformer block, with norm placement as a parameter.
+"""The Transformer block, with norm placement as a strategy chosen once.
+
+Subclasses change only *where* attention looks by overriding :meth:`Block.attend` (Swin
+attends within shifted windows); *where the norms sit* is a :class:`NormPlacement`, picked
+by name in :class:`Block` and nowhere else, so models never branch on it:
 
 ``pre`` (default, timm/GPT-2):   x = x + f(norm(x))
 ``post`` (Vaswani et al. 2017):  x = norm(x + f(x))
 ``residual`` (ResiDual, Xie et al. 2023): a post-norm stream plus a second stream that sums
-the raw sublayer outputs; the model adds ``norm(dual)`` at the end (see ``forward_dual``).
-Subclasses change only *where* attention looks by overriding :meth:`Block.attend`
-(Swin attends within shifted windows), so norm placement and residual logic live here once.
+the raw sublayer outputs, merged as ``x + norm(dual)`` at the end of the stack.
 """
 
 from __future__ import annotations
@@ -14,17 +16,130 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from timm.layers import DropPath, LayerScale
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import Attention
-from .drop import DropPath, LayerScale
 from .mlp import Mlp
 from .norm import LayerNorm
+from .pos_embed import Rope
 
-__all__ = ["NORM_PLACEMENTS", "Block", "block_stack", "checkpointed", "run_blocks"]
+__all__ = [
+    "NORM_PLACEMENTS",
+    "Block",
+    "NormPlacement",
+    "PostNorm",
+    "PreNorm",
+    "ResiDual",
+    "block_stack",
+    "checkpointed",
+    "run_blocks",
+]
 
-NORM_PLACEMENTS = ("pre", "post", "residual")
+Stream = Any
+"""What passes from block to block: the tokens, or ResiDual's ``(tokens, dual)`` pair."""
+
+
+class NormPlacement:
+    """Where a block normalises, and how a stack of such blocks starts and ends.
+
+    Stateless: every method is a staticmethod taking the block, so one placement serves
+    every block class (ViT's, Swin's windowed one, the hybrid's).
+    """
+
+    norm_is_merge = False
+    """True where the final norm is part of the stack's output rather than an optional norm
+    after it, so pruning and ``normed=False`` must keep it."""
+
+    @staticmethod
+    def wants_final_norm(pooled_norm: bool) -> bool:
+        """Whether the model needs a final norm module (``pooled_norm``: it norms after
+        pooling instead, timm's ``fc_norm``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def step(blk: Block, x: Stream, rope: Rope | None) -> Stream:
+        raise NotImplementedError
+
+    @staticmethod
+    def begin(x: torch.Tensor) -> Stream:
+        return x
+
+    @staticmethod
+    def tokens(stream: Stream) -> torch.Tensor:
+        """The token stream after a block, for intermediate features."""
+        return stream
+
+    @staticmethod
+    def end(stream: Stream, norm: nn.Module | None, normed: bool) -> torch.Tensor:
+        """The stack's output; ``normed`` asks for the final norm where it is optional."""
+        return norm(stream) if normed and norm is not None else stream
+
+
+class PreNorm(NormPlacement):
+    """``x = x + f(norm(x))``: stable at depth; the stack ends in the model's final norm."""
+
+    @staticmethod
+    def wants_final_norm(pooled_norm: bool) -> bool:
+        return not pooled_norm
+
+    @staticmethod
+    def step(blk: Block, x: Stream, rope: Rope | None) -> Stream:
+        x = x + blk.branch1(blk.norm1(x), rope)
+        return x + blk.branch2(blk.norm2(x))
+
+
+class PostNorm(NormPlacement):
+    """``x = norm(x + f(x))``: every block ends in a norm, so the model needs no final one."""
+
+    @staticmethod
+    def wants_final_norm(pooled_norm: bool) -> bool:
+        return False
+
+    @staticmethod
+    def step(blk: Block, x: Stream, rope: Rope | None) -> Stream:
+        x = blk.norm1(x + blk.branch1(x, rope))
+        return blk.norm2(x + blk.branch2(x))
+
+
+class ResiDual(NormPlacement):
+    """Post-norm stream ``x`` plus ``dual``, the un-normalised sum of every sublayer output
+    (which keeps pre-norm's gradient path); the output is ``x + norm(dual)``."""
+
+    norm_is_merge = True
+
+    @staticmethod
+    def wants_final_norm(pooled_norm: bool) -> bool:
+        return True  # the merge norm of the dual stream
+
+    @staticmethod
+    def begin(x: torch.Tensor) -> Stream:
+        return x, torch.zeros_like(x)
+
+    @staticmethod
+    def step(blk: Block, stream: Stream, rope: Rope | None) -> Stream:
+        x, dual = stream
+        a = blk.branch1(x, rope)
+        x, dual = blk.norm1(x + a), dual + a
+        m = blk.branch2(x)
+        return blk.norm2(x + m), dual + m
+
+    @staticmethod
+    def tokens(stream: Stream) -> torch.Tensor:
+        return stream[0]
+
+    @staticmethod
+    def end(stream: Stream, norm: nn.Module | None, normed: bool) -> torch.Tensor:
+        x, dual = stream  # the merge is the model's output, never optional
+        return x + (norm(dual) if norm is not None else dual)
+
+
+NORM_PLACEMENTS: dict[str, type[NormPlacement]] = {
+    "pre": PreNorm,
+    "post": PostNorm,
+    "residual": ResiDual,
+}
 
 
 class Block(nn.Module):
@@ -43,7 +158,7 @@ class Block(nn.Module):
         norm_layer: Norm class, called as ``norm_layer(dim)``.
         act_layer: MLP activation.
         mlp_layer: Feed-forward class (``Mlp`` or ``SwiGLU``).
-        norm_place: ``pre``, ``post`` or ``residual``.
+        norm_place: A key of :data:`NORM_PLACEMENTS` (validated by the model's config).
         attn_layer: Attention class (Swin passes its window attention).
     """
 
@@ -65,9 +180,7 @@ class Block(nn.Module):
         attn_layer: Callable[..., Attention] = Attention,
     ) -> None:
         super().__init__()
-        if norm_place not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {norm_place!r}")
-        self.norm_place = norm_place
+        self.place = NORM_PLACEMENTS[norm_place]
         self.norm1 = norm_layer(dim)
         self.attn = attn_layer(
             dim,
@@ -85,33 +198,24 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def attend(self, x: torch.Tensor, **attn_kw: Any) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         """Token mixing; subclasses override to reshape tokens (e.g. into windows)."""
-        return self.attn(x, **attn_kw)
+        return self.attn(x, rope=rope)
 
-    def _branch1(self, x: torch.Tensor, **attn_kw: Any) -> torch.Tensor:
-        return self.drop_path1(self.ls1(self.attend(x, **attn_kw)))
+    def branch1(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        """The attention sublayer's residual branch, before any norm placement."""
+        return self.drop_path1(self.ls1(self.attend(x, rope)))
 
-    def _branch2(self, x: torch.Tensor) -> torch.Tensor:
+    def branch2(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward sublayer's residual branch."""
         return self.drop_path2(self.ls2(self.mlp(x)))
 
-    def forward(self, x: torch.Tensor, **attn_kw: Any) -> torch.Tensor:
-        if self.norm_place == "pre":
-            x = x + self._branch1(self.norm1(x), **attn_kw)
-            return x + self._branch2(self.norm2(x))
-        if self.norm_place == "post":
-            x = self.norm1(x + self._branch1(x, **attn_kw))
-            return self.norm2(x + self._branch2(x))
-        raise RuntimeError("a 'residual' block carries two streams: call forward_dual")
+    def forward(self, x: Stream, rope: Rope | None = None) -> Stream:
+        """One block on the stream (tokens ``(..., N, C)``; ResiDual: ``(tokens, dual)``)."""
+        return self.place.step(self, x, rope)
 
-    def forward_dual(
-        self, x: torch.Tensor, dual: torch.Tensor, **attn_kw: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """ResiDual step: post-norm stream ``x`` and un-normalised sum ``dual``."""
-        a = self._branch1(x, **attn_kw)
-        x, dual = self.norm1(x + a), dual + a
-        m = self._branch2(x)
-        return self.norm2(x + m), dual + m
+    def extra_repr(self) -> str:
+        return f"norm_place={self.place.__name__}"
 
 
 def block_stack(depth: int, drop_path_rate: float = 0.0, **block_kw: Any) -> nn.ModuleList:
@@ -134,19 +238,21 @@ def checkpointed(fn: Callable[..., Any], enabled: bool, *args: Any, **kwargs: An
 def run_blocks(
     blocks: nn.ModuleList,
     x: torch.Tensor,
-    final_dual_norm: nn.Module | None = None,
+    norm: nn.Module | None = None,
     grad_ckpt: bool = False,
-    **kw: Any,
+    rope: Rope | None = None,
+    normed: bool = True,
 ) -> torch.Tensor:
-    """Run a stack of blocks, handling the ResiDual second stream when the blocks use it.
+    """Run a stack of blocks and end it as their norm placement says.
 
-    ``grad_ckpt`` recomputes each block's activations in backward instead of storing them.
+    ``norm`` is the model's final norm (None for none); ``normed=False`` skips it where the
+    placement allows (intermediate features). ``grad_ckpt`` recomputes each block's
+    activations in backward instead of storing them.
     """
-    if blocks and blocks[0].norm_place == "residual":
-        dual = torch.zeros_like(x)
-        for blk in blocks:
-            x, dual = checkpointed(blk.forward_dual, grad_ckpt, x, dual, **kw)
-        return x + (final_dual_norm(dual) if final_dual_norm is not None else dual)
+    if not len(blocks):
+        return norm(x) if normed and norm is not None else x
+    place = blocks[0].place
+    stream = place.begin(x)
     for blk in blocks:
-        x = checkpointed(blk, grad_ckpt, x, **kw)
-    return x
+        stream = checkpointed(blk, grad_ckpt, stream, rope)
+    return place.end(stream, norm, normed)

@@ -1,41 +1,20 @@
-"""Feed-forward sublayers: the classic GELU MLP and the gated SwiGLU."""
+"""Feed-forward sublayers: timm's GELU MLP (same keys: fc1, act, fc2) and a gated SwiGLU."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.layers import Mlp
 from torch import nn
 
 __all__ = ["Mlp", "SwiGLU", "get_mlp_layer"]
 
 
-class Mlp(nn.Module):
-    """fc1 -> GELU -> fc2, with key names (fc1, act, fc2) that match timm checkpoints."""
-
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int | None = None,
-        out_features: int | None = None,
-        act_layer: type[nn.Module] = nn.GELU,
-        bias: bool = True,
-        drop: float = 0.0,
-    ) -> None:
-        super().__init__()
-        hidden_features = hidden_features or in_features
-        out_features = out_features or in_features
-        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
-        self.act = act_layer()
-        self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_features, out_features, bias=bias)
-        self.drop2 = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
-
-
 class SwiGLU(nn.Module):
     """SiLU-gated linear unit (Shazeer 2020).
+
+    Ours rather than timm's ``SwiGLUPacked``: that one counts ``hidden_features`` as the packed
+    fc1 width, ours as the gated width, which is what the configs and checkpoints use.
 
     Gate and value share one projection (``fc1`` of width 2*hidden) so it costs one matmul.
     ``hidden_features`` is the gated width; pass 2/3 of the GELU width to keep parameters equal.

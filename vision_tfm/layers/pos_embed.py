@@ -4,6 +4,8 @@ Swin's relative position bias (table + index), and 2D axial RoPE.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +13,7 @@ from .cache import TensorCache
 from .patch_embed import symbolic
 
 __all__ = [
+    "Rope",
     "apply_rope",
     "relative_position_bias",
     "relative_position_index",
@@ -156,18 +159,24 @@ def rope_2d(
     return _cached_table(key, build)
 
 
+class Rope(NamedTuple):
+    """The rotary input of a token grid: :func:`rope_2d`'s tables plus the count of leading
+    (class / register) tokens, which have no grid position and are not rotated."""
+
+    sin: torch.Tensor  # (N_grid, head_dim)
+    cos: torch.Tensor  # (N_grid, head_dim)
+    num_prefix_tokens: int = 0
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
 
 
-def apply_rope(
-    x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], num_prefix_tokens: int = 0
-) -> torch.Tensor:
-    """Rotate ``(..., N, head_dim)`` queries or keys; the first ``num_prefix_tokens`` stay put."""
-    sin, cos = rope  # unpacked, not iterated: an fx Proxy only unpacks
-    sin, cos = sin.to(x.dtype), cos.to(x.dtype)
-    if num_prefix_tokens:
-        prefix, x = x[..., :num_prefix_tokens, :], x[..., num_prefix_tokens:, :]
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """Rotate ``(..., N, head_dim)`` queries or keys; the prefix tokens stay put."""
+    sin, cos, n = rope.sin.to(x.dtype), rope.cos.to(x.dtype), rope.num_prefix_tokens
+    if n:
+        prefix, x = x[..., :n, :], x[..., n:, :]
         return torch.cat([prefix, x * cos + _rotate_half(x) * sin], dim=-2)
     return x * cos + _rotate_half(x) * sin

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
+from ..layers.block import NORM_PLACEMENTS
 
 __all__ = [
     "ATTENTION_RULES",
@@ -21,6 +22,7 @@ __all__ = [
     "RATE",
     "Rule",
     "check_config",
+    "choice_rule",
     "init_weights",
     "select_indices",
 ]
@@ -51,9 +53,10 @@ RATE: Rule = (
 AT_LEAST_0, AT_LEAST_1 = _int_rule(0), _int_rule(1)
 
 
-def _choice_rule(choices: Sequence[str]) -> Rule:
+def choice_rule(choices: Sequence[str]) -> Rule:
     what = f"one of {', '.join(choices)}"
     return (lambda v: v in choices), what, what
+
 
 # Rules for the fields every family spells the same way. A family declares its own table as
 # ``VisionModel.config_rules`` = these plus its own fields, so a new field needs no edit here.
@@ -70,12 +73,13 @@ BASE_RULES: dict[str, Rule] = {
     "proj_drop_rate": RATE,
     "attn_drop_rate": RATE,
     "drop_path_rate": RATE,
+    "norm_place": choice_rule(tuple(NORM_PLACEMENTS)),
 }
 
 # The attention kernel fields of the families that can swap softmax for linear attention.
 ATTENTION_RULES: dict[str, Rule] = {
-    "attn_type": _choice_rule(ATTN_TYPES),
-    "feature_map": _choice_rule(FEATURE_MAPS),
+    "attn_type": choice_rule(ATTN_TYPES),
+    "feature_map": choice_rule(FEATURE_MAPS),
     "favor_features": _int_rule(0, " (0 = d ln d per head)"),
 }
 

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import (
-    NORM_PLACEMENTS,
     LayerNorm,
+    Rope,
     block_stack,
     check_image,
     checkpointed,
@@ -75,7 +75,10 @@ RULES = {
 
 
 class ConvNormAct(nn.Module):
-    """Conv -> BatchNorm -> GELU; BN rather than LayerNorm because it folds into the conv."""
+    """Conv -> BatchNorm -> GELU; BN rather than LayerNorm because it folds into the conv.
+
+    Not torchvision's ``Conv2dNormActivation``: its numbered keys would rename the ``conv`` /
+    ``bn`` weights of every trained grasp checkpoint."""
 
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 3, stride: int = 1) -> None:
         super().__init__()
@@ -159,7 +162,6 @@ class HybridTrunk(nn.Module):
         self._validate(cfg)
         self.pos_embed = cfg.pos_embed
         self.rope_theta = cfg.rope_theta
-        self.residual = cfg.norm_place == "residual"
         chs, D = cfg.stem_chs, cfg.embed_dim
         self.reduction = 2 ** (len(chs) - 1)
         self.stem = nn.ModuleList(
@@ -175,8 +177,8 @@ class HybridTrunk(nn.Module):
             norm_layer=LayerNorm,
             **block_kwargs(cfg),
         )
-        # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream
-        self.norm = LayerNorm(D) if cfg.norm_place != "post" else nn.Identity()
+        final_norm = self.blocks[0].place.wants_final_norm(False)
+        self.norm = LayerNorm(D) if final_norm else nn.Identity()
         self.feature_info = [
             {"module": f"stem.{i}", "num_chs": c, "reduction": 2**i} for i, c in enumerate(chs)
         ] + [{"module": "norm", "num_chs": D, "reduction": self.reduction}]
@@ -191,24 +193,20 @@ class HybridTrunk(nn.Module):
             )
         if cfg.pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
-        if cfg.norm_place not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}")
 
     def transform(self, x: torch.Tensor, norm: bool = True) -> torch.Tensor:
         """Last stem map ``(B, C, h, w)`` -> tokens with global context, ``(B, D, h, w)``."""
         x = self.proj(x)
         B, D, h, w = x.shape
         x = x.flatten(2).transpose(1, 2)  # (B, N, D); a view when x is channels_last
-        attn_kw: dict = {}
+        rope = None
         if self.pos_embed == "sincos":
             x = x + sincos_2d(h, w, D, dtype=x.dtype, device=x.device)  # (N, D), MAE order
         elif self.pos_embed == "rope":
             heads = self.blocks[0].attn.num_heads
-            attn_kw = {"rope": rope_2d(h, w, D // heads, self.rope_theta, device=x.device)}
-        dual_norm = self.norm if self.residual else None
-        x = run_blocks(self.blocks, x, dual_norm, self.grad_checkpointing, **attn_kw)
-        if norm and not self.residual:
-            x = self.norm(x)
+            sin, cos = rope_2d(h, w, D // heads, self.rope_theta, device=x.device)
+            rope = Rope(sin, cos)
+        x = run_blocks(self.blocks, x, self.norm, self.grad_checkpointing, rope, normed=norm)
         return x.transpose(1, 2).reshape(B, D, h, w)  # (B, D, h, w), channels_last strides
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -305,7 +303,7 @@ class _HybridModel(VisionModel):
             self.trunk.stem = self.trunk.stem[: take[-1] + 1]
             self.trunk.proj = self.trunk.blocks = nn.Identity()
             self.trunk.norm = nn.Identity()
-        elif prune_norm and not self.trunk.residual:
+        elif prune_norm and not self.trunk.blocks[0].place.norm_is_merge:
             self.trunk.norm = nn.Identity()
         if prune_head and hasattr(self, "reset_classifier"):
             self.reset_classifier(0, "")

@@ -25,6 +25,7 @@ from ..layers import (
     Block,
     LayerNorm,
     PatchEmbed,
+    Rope,
     TensorCache,
     check_image,
     checkpointed,
@@ -38,6 +39,7 @@ from ._common import (
     BASE_RULES,
     block_kwargs,
     check_config,
+    choice_rule,
     init_weights,
     select_indices,
 )
@@ -209,7 +211,7 @@ class SwinBlock(Block):
         self.shift_size = window_size // 2 if shift else 0
         self._bias_cache = TensorCache(BIAS_SIZES_CACHED)  # bias + mask, frozen path only
 
-    def attend(self, x: torch.Tensor, **attn_kw) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         H, W, ws = x.shape[1], x.shape[2], self.window_size
         x, shift = shift_windows(x, ws, self.shift_size)  # (B, Hp, Wp, C)
         Hp, Wp = x.shape[1], x.shape[2]
@@ -308,6 +310,7 @@ class SwinTransformer(VisionModel):
         "patch_size": AT_LEAST_1,
         "depths": AT_LEAST_1,
         "window_size": AT_LEAST_1,
+        "norm_place": choice_rule(("pre", "post")),  # ResiDual's dual stream: not in stages
     }
     classifier = "head.fc"
     output_fmt = "NHWC"
@@ -316,11 +319,6 @@ class SwinTransformer(VisionModel):
         super().__init__()
         check_config(cfg, type(self).__name__, self.config_rules)
         self._check_heads(cfg)
-        if cfg.norm_place not in ("pre", "post"):  # "residual" needs one token stream
-            raise ValueError(
-                f"{type(self).__name__} config: norm_place must be 'pre' or 'post', "
-                f"got {cfg.norm_place!r} ('residual' is for ViT and the hybrid)"
-            )
         self.cfg = cfg
         self.num_classes = cfg.num_classes
         self.in_chans = cfg.in_chans

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from ..layers import (
-    NORM_PLACEMENTS,
     PatchEmbed,
+    Rope,
     block_stack,
     check_image,
     checkpointed,
@@ -131,11 +131,10 @@ class VisionTransformer(VisionModel):
             mlp_layer=get_mlp_layer(cfg.mlp_layer),
             **block_kwargs(cfg),
         )
-        # timm: with average pooling the final norm moves after pooling (fc_norm).
-        # post-norm blocks already end in a norm; ResiDual uses `norm` for its dual stream.
+        # timm: with average pooling the final norm moves after pooling (fc_norm)
         use_fc_norm = cfg.global_pool == "avg"
-        final_norm = not use_fc_norm and cfg.norm_place != "post"
-        self.norm = norm(D) if final_norm or cfg.norm_place == "residual" else nn.Identity()
+        final_norm = self.blocks[0].place.wants_final_norm(use_fc_norm)
+        self.norm = norm(D) if final_norm else nn.Identity()
         self.fc_norm = norm(D) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes else nn.Identity()
@@ -160,13 +159,11 @@ class VisionTransformer(VisionModel):
         self._check_pool(cfg.global_pool, cfg.class_token)
         if cfg.pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
-        if cfg.norm_place not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}")
 
     # --- pieces, in the paper's order --------------------------------------------------
 
-    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, dict, tuple[int, int]]:
-        """Patchify, prepend the class token, add positions. Returns tokens, attn kwargs, grid."""
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, Rope | None, tuple[int, int]]:
+        """Patchify, prepend the class token, add positions. Returns tokens, RoPE, grid."""
         w = self.patch_embed.proj.weight
         check_image(x, self.in_chans, self.patch_size, type(self).__name__, w.dtype)
         x = self.patch_embed(x)  # (B, gh, gw, D)
@@ -174,7 +171,7 @@ class VisionTransformer(VisionModel):
         x = x.reshape(B, gh * gw, D)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1+N, D)
-        attn_kw: dict = {}
+        rope = None
         if self.pos_embed is not None:
             pos = resample_abs_pos_embed(
                 self.pos_embed, (gh, gw), self.grid, self.num_prefix_tokens
@@ -184,21 +181,15 @@ class VisionTransformer(VisionModel):
             pos = sincos_2d(gh, gw, D, dtype=x.dtype, device=x.device)  # (N, D); not on prefix
             x = torch.cat([x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :] + pos], 1)
         elif self.cfg.pos_embed == "rope":
-            rope = rope_2d(gh, gw, D // self.cfg.num_heads, self.cfg.rope_theta, device=x.device)
-            attn_kw = {
-                "rope": rope,
-                "num_prefix_tokens": self.num_prefix_tokens,
-            }
-        return self.pos_drop(x), attn_kw, (gh, gw)
+            head_dim = D // self.cfg.num_heads
+            sin, cos = rope_2d(gh, gw, head_dim, self.cfg.rope_theta, device=x.device)
+            rope = Rope(sin, cos, self.num_prefix_tokens)
+        return self.pos_drop(x), rope, (gh, gw)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Image ``(B, C, H, W)`` -> normed tokens ``(B, prefix + N, D)``."""
-        x, attn_kw, _ = self.embed(x)
-        x = run_blocks(self.blocks, x, self._dual_norm(), self.grad_checkpointing, **attn_kw)
-        return x if self.cfg.norm_place == "residual" else self.norm(x)
-
-    def _dual_norm(self) -> nn.Module | None:
-        return self.norm if self.cfg.norm_place == "residual" else None
+        x, rope, _ = self.embed(x)
+        return run_blocks(self.blocks, x, self.norm, self.grad_checkpointing, rope)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pool tokens and classify; ``pre_logits`` returns the pooled feature instead."""
@@ -236,20 +227,23 @@ class VisionTransformer(VisionModel):
         """
         check_output_fmt(output_fmt, ("NCHW", "NLC"), type(self).__name__)
         take = select_indices(indices, len(self.blocks), "block")
-        if self.cfg.norm_place == "residual":
-            raise ValueError("forward_intermediates is not defined for ResiDual blocks")
-        x, attn_kw, (gh, gw) = self.embed(x)
+        x, rope, (gh, gw) = self.embed(x)
+        place = self.blocks[0].place
+        stream = place.begin(x)
         last = take[-1] + 1 if stop_early or intermediates_only else len(self.blocks)
         outs = []
         for i, blk in enumerate(self.blocks[:last]):
-            x = checkpointed(blk, self.grad_checkpointing, x, **attn_kw)
+            stream = checkpointed(blk, self.grad_checkpointing, stream, rope)
             if i in take:
-                y = self.norm(x) if norm else x
+                y = place.tokens(stream)
+                y = self.norm(y) if norm else y
                 prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens :]
                 if output_fmt == "NCHW":  # (B, N, D) -> (B, D, gh, gw)
                     y = y.transpose(1, 2).reshape(y.shape[0], -1, gh, gw)
                 outs.append((y, prefix) if return_prefix_tokens else y)
-        return intermediates_result(lambda: self.norm(x), outs, intermediates_only)
+        return intermediates_result(
+            lambda: place.end(stream, self.norm, True), outs, intermediates_only
+        )
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
@@ -258,7 +252,7 @@ class VisionTransformer(VisionModel):
         take = select_indices(indices, len(self.blocks), "block")
         self.blocks = self.blocks[: take[-1] + 1]
         self.feature_info = self.feature_info[: take[-1] + 1]
-        if prune_norm:
+        if prune_norm and not self.blocks[0].place.norm_is_merge:
             self.norm = nn.Identity()
         if prune_head:
             self.fc_norm = nn.Identity()
