@@ -9,6 +9,8 @@ from typing import Any
 
 from torch import nn
 
+from ..config import ConfigError
+from ..errors import InputError
 from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
 
 __all__ = [
@@ -55,6 +57,7 @@ def _choice_rule(choices: Sequence[str]) -> Rule:
     what = f"one of {', '.join(choices)}"
     return (lambda v: v in choices), what, what
 
+
 # Rules for the fields every family spells the same way. A family declares its own table as
 # ``VisionModel.config_rules`` = these plus its own fields, so a new field needs no edit here.
 # Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) apply the rule to
@@ -89,7 +92,7 @@ def check_config(cfg: Any, owner: str, rules: Mapping[str, Rule] = BASE_RULES) -
     """
 
     def fail(field: str, value: Any, expected: str) -> None:
-        raise ValueError(f"{owner} config: {field} must be {expected}, got {value!r}")
+        raise ConfigError(f"{owner} config: {field} must be {expected}, got {value!r}")
 
     for f in dataclasses.fields(cfg):
         name, v = f.name, getattr(cfg, f.name)
@@ -154,12 +157,12 @@ def select_indices(indices: int | Sequence[int] | None, n: int, what: str) -> li
         return list(range(n))
     if isinstance(indices, int):
         if not 0 < indices <= n:
-            raise ValueError(f"asked for the last {indices} {what}, but the model has {n}")
+            raise InputError(f"asked for the last {indices} {what}, but the model has {n}")
         return list(range(n - indices, n))
     out = []
     for i in indices:
         j = i + n if i < 0 else i
         if not 0 <= j < n:
-            raise ValueError(f"{what} index {i} is out of range for a model with {n} {what}")
+            raise InputError(f"{what} index {i} is out of range for a model with {n} {what}")
         out.append(j)
     return sorted(set(out))

@@ -16,6 +16,8 @@ from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import register_notrace_function, register_notrace_module
 from torch import nn
 
+from ..config import ConfigError
+from ..errors import InputError
 from ..layers import Attention, PatchEmbed, resample_abs_pos_embed, rope_2d, sincos_2d
 
 __all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
@@ -38,7 +40,7 @@ def intermediates_result(
 def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:
     """One-line error for a layout the family cannot give."""
     if output_fmt not in allowed:
-        raise ValueError(f"{owner}: output_fmt must be one of {allowed}, got {output_fmt!r}")
+        raise InputError(f"{owner}: output_fmt must be one of {allowed}, got {output_fmt!r}")
 
 
 class VisionModel(nn.Module):
@@ -145,7 +147,7 @@ class VisionModel(nn.Module):
 
     def _check_pool(self, global_pool: str) -> None:
         if global_pool not in self.global_pools:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__}: global_pool must be one of {self.global_pools}, "
                 f"got {global_pool!r}"
             )

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ConfigError
 from ..layers import (
     NORM_PLACEMENTS,
     LayerNorm,
@@ -181,14 +182,16 @@ class HybridTrunk(nn.Module):
     def _validate(cfg: HybridTrunkConfig) -> None:
         check_config(cfg, "HybridTrunk", RULES)
         if len(cfg.stem_chs) != len(cfg.stem_depths) or not cfg.stem_chs:
-            raise ValueError(
+            raise ConfigError(
                 f"stem_chs {cfg.stem_chs} and stem_depths {cfg.stem_depths} must be non-empty "
                 "and of the same length"
             )
         if cfg.pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
+            raise ConfigError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
         if cfg.norm_place not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}")
+            raise ConfigError(
+                f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}"
+            )
 
     def transform(self, x: torch.Tensor, norm: bool = True) -> torch.Tensor:
         """Last stem map ``(B, C, h, w)`` -> tokens with global context, ``(B, D, h, w)``."""

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import nn
 
+from ..config import ConfigError
 from ..layers import (
     Attention,
     Block,
@@ -303,7 +304,7 @@ class SwinTransformer(VisionModel):
         check_config(cfg, type(self).__name__, self.config_rules)
         self._check_heads(cfg)
         if cfg.norm_place not in ("pre", "post"):  # "residual" needs one token stream
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} config: norm_place must be 'pre' or 'post', "
                 f"got {cfg.norm_place!r} ('residual' is for ViT and the hybrid)"
             )
@@ -351,7 +352,7 @@ class SwinTransformer(VisionModel):
         """Per-stage heads: one per stage, each dividing its stage's width."""
 
         def fail(field: str, value: object, expected: str) -> None:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} config: {field} must be {expected}, got {value!r}"
             )
 

@@ -14,6 +14,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..config import ConfigError
 from ..layers import (
     NORM_PLACEMENTS,
     PatchEmbed,
@@ -145,19 +146,21 @@ class VisionTransformer(VisionModel):
 
     def _validate(self, cfg: ViTConfig) -> None:
         if cfg.img_size < cfg.patch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"img_size {cfg.img_size} is smaller than one patch (patch_size {cfg.patch_size})"
             )
         if cfg.img_size % cfg.patch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"img_size {cfg.img_size} must be a multiple of patch_size {cfg.patch_size}: "
                 "the position table covers whole patches (other input sizes are fine at run time)"
             )
         self._check_pool(cfg.global_pool, cfg.class_token)
         if cfg.pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
+            raise ConfigError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
         if cfg.norm_place not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}")
+            raise ConfigError(
+                f"norm_place must be one of {NORM_PLACEMENTS}, got {cfg.norm_place!r}"
+            )
 
     # --- pieces, in the paper's order --------------------------------------------------
 
@@ -279,7 +282,7 @@ class VisionTransformer(VisionModel):
         super()._check_pool(global_pool)
         has_token = self.num_prefix_tokens > 0 if class_token is None else class_token
         if global_pool == "token" and not has_token:
-            raise ValueError("global_pool='token' needs class_token=True")
+            raise ConfigError("global_pool='token' needs class_token=True")
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
