@@ -2,13 +2,14 @@
 
 A family subclasses :class:`VisionModel`, sets the class attributes below that differ from the
 defaults, and registers its sizes with ``register_model``: nothing else in the package names
-its class. ``create_model``, ``load_pretrained``, ``create_backbone``, the training scripts and
-``check_config`` read these attributes instead of testing class names or subclasses.
+its class. ``create_model``, ``load_pretrained``, ``create_backbone`` and the training scripts
+read these attributes instead of testing class names or subclasses. The family's config
+dataclass checks its own fields (``_common.check_model_config`` from ``__post_init__``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -53,7 +54,6 @@ class VisionModel(nn.Module):
         backbone_kind: How ``create_backbone`` reads its features: ``"stages"`` (hierarchical
             maps as they are), ``"simple_pyramid"`` (ViTDet's pyramid from one plain map), or
             ``None`` (no detection backbone).
-        config_rules: Field name -> rule (``_common.Rule``) used by ``check_config``.
         first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
         global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
     """
@@ -61,7 +61,6 @@ class VisionModel(nn.Module):
     task: ClassVar[str] = "cls"
     checkpoint_family: ClassVar[str | None] = None
     backbone_kind: ClassVar[str | None] = None
-    config_rules: ClassVar[Mapping[str, Any]] = {}
     first_conv: ClassVar[str] = "patch_embed.proj"
     classifier: ClassVar[str] = "head"
     global_pools: ClassVar[tuple[str, ...]] = ("avg", "")
