@@ -242,12 +242,17 @@ def test_random_checkpoint_contents(tiny_state, meta, kwargs, nan) -> None:
         assert all(torch.isfinite(p).all() for p in model.state_dict().values())
 
 
-MODELS = ["vit_test", "swin_test", "hybrid_test"]  # one per family
+MODELS = {  # one per family, tiny: the checkpoint property builds one per example
+    "vit": ("vit_test", {}),
+    "swin": ("swin_test", {"depths": (1, 1), "num_heads": (1, 2)}),
+    "hybrid": ("hybrid_test", {}),
+}
 
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="module", params=list(MODELS))
 def model(request) -> torch.nn.Module:
-    return create_model(request.param).eval()
+    name, kw = MODELS[request.param]
+    return create_model(name, num_classes=10, **kw).eval()
 
 
 @PROP
@@ -277,7 +282,7 @@ def test_random_state_dicts_into_load_pretrained(model, keep, reshape, fill) -> 
             del sd[k]
     if reshape:
         sd[names[-1]] = torch.full(reshape, fill)
-    fresh = create_model(model.model_name)
+    fresh = create_model(model.model_name, **dataclasses.asdict(model.cfg))
     result = outcome(load_pretrained, fresh, sd)
     if not isinstance(result, Exception):
         assert all(torch.isfinite(p).all() for p in fresh.state_dict().values())
