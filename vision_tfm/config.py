@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -79,27 +80,42 @@ AT_LEAST_ONE = Range(1)
 PROBABILITY = Range(0, 1)
 
 
-def check_ranges(cfg: Any) -> None:
+def check_ranges(cfg: Any, ranges: Mapping[str, Range] | None = None) -> None:
     """Check a config dataclass's numeric fields against its ``RANGES`` (from ``__post_init__``).
 
-    Tuple fields are checked element by element; the fields named in its ``ORDERED`` must also
-    be ``(low, high)`` pairs with ``low <= high``. Raises a one-line :class:`ConfigError` naming
-    the key (``SECTION.field``, e.g. ``optim.lr``) and the valid range.
+    Tuple fields are checked element by element, and a field annotated ``int`` (or a tuple of
+    ints) takes integers only; the fields named in its ``ORDERED`` must also be ``(low, high)``
+    pairs with ``low <= high``. Raises a one-line :class:`ConfigError` naming the key
+    (``SECTION.field``, e.g. ``optim.lr``) and the valid range. ``ranges`` replaces ``RANGES``.
     """
     kind = type(cfg)
     section = f"{kind.SECTION}." if getattr(kind, "SECTION", "") else ""
-    for name, rng in kind.RANGES.items():
+    whole = _int_fields(kind)
+    for name, rng in (kind.RANGES if ranges is None else ranges).items():
         value = getattr(cfg, name)
         values = value if isinstance(value, (tuple, list)) else (value,)
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in rng:
                 raise ConfigError(f"{section}{name} must be {rng}, got {_show(value)}")
+            if name in whole and not isinstance(v, int):
+                raise ConfigError(f"{section}{name} must be an integer {rng}, got {_show(value)}")
     for name in getattr(kind, "ORDERED", ()):
         lo, hi = getattr(cfg, name)
         if lo > hi:
             raise ConfigError(
                 f"{section}{name} must be (low, high) with low <= high, got {_show((lo, hi))}"
             )
+
+
+@functools.cache
+def _int_fields(kind: type) -> frozenset[str]:
+    """Fields annotated ``int`` or ``tuple[int, ...]``: a float there would slip past a Range."""
+    hints = typing.get_type_hints(kind)
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(kind)
+        if hints[f.name] is int or typing.get_args(hints[f.name])[:1] == (int,)
+    )
 
 
 def _show(value: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "DataError",
+    "InputError",
     "RunDirError",
     "UnsafeFileError",
     "VisionTfmError",
@@ -30,6 +31,10 @@ class UnsafeFileError(DataError):
 
 class CheckpointError(VisionTfmError, ValueError):
     """A checkpoint is unreadable, does not fit the model, or holds non-finite weights."""
+
+
+class InputError(VisionTfmError, ValueError):
+    """A tensor or argument given to a model has the wrong shape, channel count or dtype."""
 
 
 class RunDirError(VisionTfmError, OSError):

@@ -1,13 +1,13 @@
 """The CNN+Transformer hybrid: budgets, token grid, grasp-map conventions, the shared trunk."""
 
 import dataclasses
-import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import vision_tfm as vt
+from vision_tfm.config import ConfigError
 from vision_tfm.grasp import GraspMaps
 from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps
 from vision_tfm.models.hybrid import (
@@ -155,18 +155,16 @@ def test_bad_config_is_rejected():
         vt.create_model("hybrid_test", stem_depths=(0, 1))
     with pytest.raises(ValueError, match="pos_embed must be one of"):
         vt.create_model("hybrid_test", pos_embed="learn")
-    for kw, msg in [
-        ({"depth": -1}, "depth must be an integer >= 1, got -1"),
-        ({"num_heads": 0}, "num_heads must be an integer >= 1, got 0"),
-        ({"embed_dim": 30}, "embed_dim must be divisible by 4 for pos_embed='sincos'"),
-        ({"stem_chs": (8, 0, 16)}, "stem_chs must be a non-empty list of integers >= 1"),
-        ({"num_classes": -1}, "num_classes must be an integer >= 0"),
+    for kw, key in [
+        ({"depth": -1}, "depth"),
+        ({"num_heads": 0}, "num_heads"),
+        ({"embed_dim": 30}, "embed_dim"),  # sin-cos needs a multiple of 4
+        ({"stem_chs": (8, 0, 16)}, "stem_chs"),
+        ({"num_classes": -1}, "num_classes"),
     ]:
-        with pytest.raises(
-            ValueError, match=f"^hybrid_test: HybridClassifier config: {re.escape(msg)}"
-        ):
+        with pytest.raises(ConfigError, match=f"^hybrid_test: {key} must be"):
             vt.create_model("hybrid_test", **kw)
-    with pytest.raises(ValueError, match="GraspHybrid config: dec_depth must be an integer >= 0"):
+    with pytest.raises(ConfigError, match="dec_depth must be"):
         tiny_grasp(dec_depth=-1)
 
 

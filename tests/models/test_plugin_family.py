@@ -15,7 +15,7 @@ import vision_tfm as vt
 from vision_tfm.config import apply_overrides
 from vision_tfm.layers import PatchEmbed, block_stack, run_blocks
 from vision_tfm.models import register_model
-from vision_tfm.models._common import AT_LEAST_1, BASE_RULES, check_config
+from vision_tfm.models._common import check_model_config
 from vision_tfm.models.base import VisionModel
 from vision_tfm.models.registry import _REGISTRY
 
@@ -32,15 +32,15 @@ class ToyConfig:
     num_heads: int = 2
     patch_size: int = 7
 
+    def __post_init__(self) -> None:  # its fields are all shared ones: _common's ranges
+        check_model_config(self)
+
 
 class ToyViT(VisionModel):
     """Patchify, Transformer blocks, mean-pool, linear."""
 
-    config_rules = {**BASE_RULES, "depth": AT_LEAST_1, "patch_size": AT_LEAST_1}
-
     def __init__(self, cfg: ToyConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__, self.config_rules)
         self.cfg, self.in_chans, self.num_classes = cfg, cfg.in_chans, cfg.num_classes
         self.num_features = D = cfg.embed_dim
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, D)
@@ -74,7 +74,7 @@ def test_registered_built_by_name_and_checked():
     m = vt.create_model("toy_vit", num_classes=3)
     assert m(torch.randn(2, 1, 28, 28)).shape == (2, 3)
     assert m.pretrained_cfg["input_size"] == (1, 28, 28) and m.get_classifier() is m.head
-    with pytest.raises(ValueError, match="depth"):  # its own config rule
+    with pytest.raises(ValueError, match="depth"):  # its config checks itself
         vt.create_model("toy_vit", depth=0)
     with pytest.raises(ValueError, match="no detection backbone"):
         vt.create_backbone("toy_vit")

@@ -1,4 +1,4 @@
-"""DDP on CPU (gloo, 2 processes): gradient accumulation and a coordinated Ctrl-C.
+"""DDP on CPU (gloo, 2 processes): gradient accumulation, a coordinated Ctrl-C and NaN stop.
 
 Both tests start two training processes on tiny configs; they are the slowest here.
 """
@@ -16,9 +16,10 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from vision_tfm.config import apply_overrides
-from vision_tfm.train import ClassificationTask, ClsConfig, Trainer
+from vision_tfm.config import apply_overrides, parse_cli_overrides
+from vision_tfm.train import ClassificationTask, ClsConfig, Trainer, load_config
 from vision_tfm.train.checkpoint import load_checkpoint
+from vision_tfm.train.launch import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = [
@@ -146,3 +147,68 @@ def test_ctrl_c_under_torchrun_stops_both_ranks_with_a_resumable_checkpoint(tmp_
     state = load_checkpoint(run_dir / "last.pt", resume=True)["state"]
     assert state["epoch"] == 0 and state["step_in_epoch"] > 0 and state["world_size"] == 2
     assert state["loss_count"] == 2 * state["step_in_epoch"]  # both ranks' losses kept
+
+
+class _NanOnRank1Task(ClassificationTask):
+    """Rank 1's loss turns NaN on the first micro-batch of epoch 2's second update."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = 0
+
+    def loss(self, model, batch, device):
+        loss, n = super().loss(model, batch, device)
+        self.calls += 1
+        if torch.distributed.get_rank() == 1 and self.calls == 4 + 3:  # 4 per epoch
+            loss = loss * float("nan")
+        return loss, n
+
+    def evaluate(self, model, loader, device):
+        return {"top1": 0.0}
+
+
+def _nan_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
+    os.environ.update(LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    sys.stderr = open(Path(out) / f"err{rank}.txt", "w", buffering=1)  # noqa: SIM115
+    over = {
+        "data.train_subset": 64,  # 32 per rank: 4 batches of 8, 2 updates of 2
+        "data.batch_size": 8,
+        "optim.accum_steps": 2,
+        "sched.epochs": 2,
+        "run.tensorboard": False,
+        "run.plots": False,
+        "run.out_dir": out,
+    }
+    cfg = load_config(ClsConfig(), None, {**parse_cli_overrides(MODEL), **over})
+    run_cli(lambda: Trainer(cfg, _NanOnRank1Task(cfg)).fit())
+
+
+def test_a_nan_loss_on_one_rank_stops_both_with_one_line_and_no_nan_checkpoint(tmp_path):
+    """Rank 1 alone sees NaN, on a micro-batch inside no_sync; both ranks must stop at that
+    update (not block in the next all-reduce), exit 3 with one line, and keep epoch 1's
+    last.pt."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_nan_worker, args=(r, port, str(tmp_path))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 240
+    for p in procs:
+        p.join(timeout=max(deadline - time.monotonic(), 1))
+    alive = [p.is_alive() for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    errs = [(tmp_path / f"err{r}.txt").read_text() for r in (0, 1)]
+    assert alive == [False, False], errs
+    assert [p.exitcode for p in procs] == [3, 3], errs
+    for err in errs:
+        (line,) = [x for x in err.splitlines() if x.strip()]  # one line, no traceback
+        assert line.startswith("error: loss became") and "epoch 2" in line, err
+    assert "nan" in errs[1] and "another rank" in errs[0]
+    (last,) = tmp_path.glob("*/last.pt")
+    ck = load_checkpoint(last, resume=True)
+    assert ck["state"]["epoch"] == 1 and ck["state"]["num_updates"] == 2
+    assert all(torch.isfinite(v).all() for v in ck["model"].values())

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from .norm import LayerNorm
 from .pos_embed import Rope, apply_rope
 
@@ -56,7 +57,7 @@ def merge_bias_and_mask(
     if mask is None:
         return None if bias is None else bias.to(dtype)
     if mask.dtype != torch.bool:
-        raise ValueError(f"attention mask must be bool (True = attend), got {mask.dtype}")
+        raise InputError(f"attention mask must be bool (True = attend), got {mask.dtype}")
     neg = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
         ~mask, float("-inf")
     )
@@ -399,11 +400,11 @@ class Attention(nn.Module):
         fp32: sums over thousands of tokens overflow fp16 and lose digits in bf16.
         """
         if bias is not None:
-            raise ValueError("linear attention takes no additive bias (it never forms logits)")
+            raise InputError("linear attention takes no additive bias (it never forms logits)")
         key_mask = None
         if mask is not None:
             if mask.shape[-2] != 1:
-                raise ValueError(
+                raise InputError(
                     f"linear attention takes key-padding masks (..., 1, N), got {tuple(mask.shape)}"
                 )
             key_mask = mask.squeeze(-2)  # (..., h or 1, N)

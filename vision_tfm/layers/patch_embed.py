@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
+
 __all__ = ["PatchEmbed", "check_image", "pad_to_multiple", "symbolic"]
 
 
@@ -49,31 +51,31 @@ def check_image(
     if isinstance(x, torch.fx.Proxy):
         return
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{model}: expected a torch.Tensor image batch, got {type(x).__name__}")
+        raise InputError(f"{model}: expected a torch.Tensor image batch, got {type(x).__name__}")
     if x.ndim != 4:
-        raise ValueError(
+        raise InputError(
             f"{model}: expected a 4-D image batch (B, C, H, W), got a {x.ndim}-D tensor of "
             f"shape {tuple(x.shape)}"
         )
     if not x.is_floating_point():
-        raise ValueError(
+        raise InputError(
             f"{model}: expected a floating-point image tensor, got {x.dtype} "
             "(convert with x.float() and normalise first)"
         )
     # only a mismatch pays for the autocast query (which autocast makes legitimate)
     if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-        raise ValueError(
+        raise InputError(
             f"{model}: input dtype {x.dtype} does not match the model's weight dtype {dtype} "
             f"(cast with x.to({dtype}))"
         )
     if x.shape[1] != in_chans:
-        raise ValueError(
+        raise InputError(
             f"{model}: expected {in_chans} input channels, got {x.shape[1]} "
             f"(input shape {tuple(x.shape)})"
         )
     h, w = x.shape[-2:]
     if h < min_size or w < min_size:
-        raise ValueError(
+        raise InputError(
             f"{model}: image {h}x{w} is smaller than the minimum {min_size}x{min_size} "
             "(one patch, or one window of patches)"
         )

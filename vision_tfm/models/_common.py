@@ -3,118 +3,89 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from torch import nn
 
+from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, Range, check_ranges
+from ..errors import InputError
 from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
-from ..layers.block import NORM_PLACEMENTS
 
 __all__ = [
-    "ATTENTION_RULES",
-    "AT_LEAST_0",
-    "AT_LEAST_1",
-    "BASE_RULES",
-    "NON_NEGATIVE",
-    "POSITIVE",
+    "ATTENTION_CHOICES",
+    "BASE_RANGES",
     "RATE",
-    "Rule",
-    "check_config",
-    "choice_rule",
+    "check_model_config",
     "init_weights",
     "select_indices",
 ]
 
+RATE = Range(0, 1, hi_open=True)  # a dropout / drop-path probability
 
-Rule = tuple[Callable[[Any], bool], str, str]  # check, what one value must be, plural
-
-
-def _int_rule(least: int, note: str = "") -> Rule:
-    return (lambda v: _is_int(v, least)), f"an integer >= {least}{note}", f"integers >= {least}"
-
-
-def _is_int(v: Any, least: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= least
-
-
-POSITIVE: Rule = (lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0", "numbers > 0")
-NON_NEGATIVE: Rule = (
-    lambda v: isinstance(v, (int, float)) and v >= 0,
-    "a number >= 0",
-    "numbers >= 0",
-)
-RATE: Rule = (
-    lambda v: isinstance(v, (int, float)) and 0 <= v < 1,
-    "a rate in [0, 1)",
-    "rates in [0, 1)",
-)
-AT_LEAST_0, AT_LEAST_1 = _int_rule(0), _int_rule(1)
-
-
-def choice_rule(choices: Sequence[str]) -> Rule:
-    what = f"one of {', '.join(choices)}"
-    return (lambda v: v in choices), what, what
-
-
-# Rules for the fields every family spells the same way. A family declares its own table as
-# ``VisionModel.config_rules`` = these plus its own fields, so a new field needs no edit here.
-# Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) apply the rule to
-# each entry.
-BASE_RULES: dict[str, Rule] = {
-    "img_size": AT_LEAST_1,
-    "in_chans": AT_LEAST_1,
-    "num_classes": _int_rule(0, " (0 = no head)"),  # timm convention
-    "embed_dim": AT_LEAST_1,
-    "num_heads": AT_LEAST_1,
+# Ranges of the fields every family spells the same way. A family's config declares its own
+# ``RANGES`` (its other numeric fields) and ``CHOICES`` (string fields); these apply to the
+# fields it has. Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) are
+# checked entry by entry, and an ``int`` field takes integers only.
+BASE_RANGES: dict[str, Range] = {
+    "img_size": AT_LEAST_ONE,
+    "in_chans": AT_LEAST_ONE,
+    "num_classes": NON_NEGATIVE,  # 0 = no head (timm convention)
+    "embed_dim": AT_LEAST_ONE,
+    "num_heads": AT_LEAST_ONE,
     "mlp_ratio": POSITIVE,
     "drop_rate": RATE,
     "proj_drop_rate": RATE,
     "attn_drop_rate": RATE,
     "drop_path_rate": RATE,
-    "norm_place": choice_rule(tuple(NORM_PLACEMENTS)),
+    "depth": AT_LEAST_ONE,
+    "patch_size": AT_LEAST_ONE,
+    "rope_theta": POSITIVE,
+    "favor_features": NON_NEGATIVE,  # 0 = head_dim * ln(head_dim)
 }
 
 # The attention kernel fields of the families that can swap softmax for linear attention.
-ATTENTION_RULES: dict[str, Rule] = {
-    "attn_type": choice_rule(ATTN_TYPES),
-    "feature_map": choice_rule(FEATURE_MAPS),
-    "favor_features": _int_rule(0, " (0 = d ln d per head)"),
+ATTENTION_CHOICES: dict[str, tuple[str, ...]] = {
+    "attn_type": ATTN_TYPES,
+    "feature_map": FEATURE_MAPS,
 }
 
 
-def check_config(cfg: Any, owner: str, rules: Mapping[str, Rule] = BASE_RULES) -> None:
-    """Reject out-of-range architecture fields in one line naming the model and the field.
+def check_model_config(cfg: Any) -> None:
+    """Reject an out-of-range architecture field in one line naming it: every family config's
+    ``__post_init__`` calls this, so a model is never built from one.
 
-    Every family's constructor calls this first with its ``config_rules``: a negative depth
-    or a zero head count would otherwise surface deep inside a layer as a ZeroDivisionError
-    or a negative tensor size.
+    A negative depth or a zero head count would otherwise surface deep inside a layer as a
+    ZeroDivisionError or a negative tensor size.
     """
-
-    def fail(field: str, value: Any, expected: str) -> None:
-        raise ValueError(f"{owner} config: {field} must be {expected}, got {value!r}")
-
-    for f in dataclasses.fields(cfg):
-        name, v = f.name, getattr(cfg, f.name)
-        if name not in rules:
-            continue
-        ok, what, plural = rules[name]
-        if isinstance(v, tuple):
-            if not v or not all(ok(x) for x in v):
-                fail(name, v, f"a non-empty list of {plural}")
-        elif not ok(v):
-            fail(name, v, what)
+    kind = type(cfg)
+    names = {f.name for f in dataclasses.fields(cfg)}
+    base = {k: r for k, r in BASE_RANGES.items() if k in names}
+    check_ranges(cfg, {**base, **getattr(kind, "RANGES", {})})
+    for name, allowed in getattr(kind, "CHOICES", {}).items():
+        value = getattr(cfg, name)
+        if value not in allowed:
+            raise ConfigError(
+                f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+            )
     heads = getattr(cfg, "num_heads", None)
     if not isinstance(heads, int):  # per-stage heads: the family checks them (Swin)
         return
     if cfg.embed_dim % heads:
-        fail("embed_dim", cfg.embed_dim, f"divisible by num_heads ({heads})")
+        raise ConfigError(
+            f"embed_dim must be divisible by num_heads ({heads}), got {cfg.embed_dim}"
+        )
     pos = getattr(cfg, "pos_embed", None)
     if pos == "sincos" and cfg.embed_dim % 4:
-        fail("embed_dim", cfg.embed_dim, "divisible by 4 for pos_embed='sincos'")
+        raise ConfigError(
+            f"embed_dim must be divisible by 4 for pos_embed='sincos', got {cfg.embed_dim}"
+        )
     if pos == "rope" and (cfg.embed_dim // heads) % 4:
-        fail("embed_dim", cfg.embed_dim, f"a multiple of 4 * num_heads ({4 * heads}) for rope")
+        raise ConfigError(
+            f"embed_dim must be a multiple of 4 * num_heads ({4 * heads}) for rope, "
+            f"got {cfg.embed_dim}"
+        )
 
 
 def block_kwargs(cfg: Any) -> dict[str, Any]:
@@ -158,12 +129,12 @@ def select_indices(indices: int | Sequence[int] | None, n: int, what: str) -> li
         return list(range(n))
     if isinstance(indices, int):
         if not 0 < indices <= n:
-            raise ValueError(f"asked for the last {indices} {what}, but the model has {n}")
+            raise InputError(f"asked for the last {indices} {what}, but the model has {n}")
         return list(range(n - indices, n))
     out = []
     for i in indices:
         j = i + n if i < 0 else i
         if not 0 <= j < n:
-            raise ValueError(f"{what} index {i} is out of range for a model with {n} {what}")
+            raise InputError(f"{what} index {i} is out of range for a model with {n} {what}")
         out.append(j)
     return sorted(set(out))

@@ -2,18 +2,22 @@
 
 A family subclasses :class:`VisionModel`, sets the class attributes below that differ from the
 defaults, and registers its sizes with ``register_model``: nothing else in the package names
-its class. ``create_model``, ``load_pretrained``, ``create_backbone``, the training scripts and
-``check_config`` read these attributes instead of testing class names or subclasses.
+its class. ``create_model``, ``load_pretrained``, ``create_backbone`` and the training scripts
+read these attributes instead of testing class names or subclasses. The family's config
+dataclass checks its own fields (``_common.check_model_config`` from ``__post_init__``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
+
+from ..config import ConfigError
+from ..errors import InputError
 
 __all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
 
@@ -28,7 +32,7 @@ def intermediates_result(
 def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:
     """One-line error for a layout the family cannot give."""
     if output_fmt not in allowed:
-        raise ValueError(f"{owner}: output_fmt must be one of {allowed}, got {output_fmt!r}")
+        raise InputError(f"{owner}: output_fmt must be one of {allowed}, got {output_fmt!r}")
 
 
 class VisionModel(nn.Module):
@@ -41,7 +45,6 @@ class VisionModel(nn.Module):
         backbone_kind: How ``create_backbone`` reads its features: ``"stages"`` (hierarchical
             maps as they are), ``"simple_pyramid"`` (ViTDet's pyramid from one plain map), or
             ``None`` (no detection backbone).
-        config_rules: Field name -> rule (``_common.Rule``) used by ``check_config``.
         first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
         global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
     """
@@ -49,7 +52,6 @@ class VisionModel(nn.Module):
     task: ClassVar[str] = "cls"
     checkpoint_family: ClassVar[str | None] = None
     backbone_kind: ClassVar[str | None] = None
-    config_rules: ClassVar[Mapping[str, Any]] = {}
     first_conv: ClassVar[str] = "patch_embed.proj"
     classifier: ClassVar[str] = "head"
     global_pools: ClassVar[tuple[str, ...]] = ("avg", "")
@@ -135,7 +137,7 @@ class VisionModel(nn.Module):
 
     def _check_pool(self, global_pool: str) -> None:
         if global_pool not in self.global_pools:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__}: global_pool must be one of {self.global_pools}, "
                 f"got {global_pool!r}"
             )

@@ -49,7 +49,7 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
             sd = sd[key]
             break
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError("checkpoint does not hold a state dict of tensors")
+        raise CheckpointError("checkpoint does not hold a state dict of tensors")
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 
@@ -102,7 +102,7 @@ def load_torch_file(path: str | os.PathLike) -> Any:
                 )
             else:
                 why = "not a PyTorch checkpoint file (a plain pickle)"
-    raise ValueError(f"cannot read checkpoint {path}: {why}")
+    raise CheckpointError(f"cannot read checkpoint {path}: {why}")
 
 
 def detect_source(sd: Mapping[str, torch.Tensor]) -> str:
@@ -115,7 +115,9 @@ def detect_source(sd: Mapping[str, torch.Tensor]) -> str:
         return "tv_vit"
     if "features.0.0.weight" in keys:
         if any("cpb_mlp" in k or "logit_scale" in k for k in keys):
-            raise ValueError("checkpoint is a Swin V2 (torchvision); only Swin V1 is supported")
+            raise CheckpointError(
+                "checkpoint is a Swin V2 (torchvision); only Swin V1 is supported"
+            )
         return "tv_swin"
     if any(k.startswith("layers.") and ".blocks." in k for k in keys):
         if "layers.0.downsample.reduction.weight" in keys:
@@ -123,7 +125,7 @@ def detect_source(sd: Mapping[str, torch.Tensor]) -> str:
         return "timm_swin"
     if any(k.startswith("blocks.") for k in keys) and "patch_embed.proj.weight" in keys:
         return "timm_vit"
-    raise ValueError(
+    raise CheckpointError(
         "unrecognised checkpoint layout: expected timm, torchvision or official Swin keys "
         f"(first keys: {sorted(keys)[:4]})"
     )
@@ -203,12 +205,12 @@ def _check_fit(model: nn.Module, own: StateDict, sd: StateDict, source: str) -> 
         else:
             same = v.shape == mine.shape
         if not same:
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint ({source}) does not fit {type(model).__name__}: {k} has shape "
                 f"{tuple(v.shape)}, model expects {tuple(mine.shape)}"
             )
         if mine.is_floating_point() and not v.is_floating_point():
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint ({source}) does not fit {type(model).__name__}: {k} is {v.dtype}, "
                 f"model expects floating-point values ({mine.dtype})"
             )
@@ -234,7 +236,10 @@ def _resample_pos_embed(model: nn.Module, own: StateDict, sd: StateDict) -> Stat
     """The ViT position table at the model's grid (``_check_fit`` allowed only its length)."""
     if "pos_embed" in sd and "pos_embed" in own and sd["pos_embed"].shape != own["pos_embed"].shape:
         prefix = getattr(model, "num_prefix_tokens", 1)
-        sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"], model.grid, None, prefix)
+        try:
+            sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"], model.grid, None, prefix)
+        except ValueError as e:  # a token count that is no grid
+            raise CheckpointError(f"checkpoint pos_embed: {e}") from None
     return sd
 
 
@@ -255,11 +260,17 @@ def load_pretrained(
     )
     family = getattr(model, "checkpoint_family", None)  # declared by the family's class
     if family is None:  # no foreign layout: the model's own keys, as saved by training
-        model.load_state_dict(sd, strict=strict)
+        try:
+            model.load_state_dict(sd, strict=strict)
+        except RuntimeError as e:  # torch lists every mismatch over several lines
+            why = " ".join(str(e).split())
+            raise CheckpointError(
+                f"checkpoint does not fit {type(model).__name__}: {why}"
+            ) from None
         return model
     source = detect_source(sd)
     if not source.endswith(family):
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint is a {source.split('_')[-1]} ({source.split('_')[0]}) state dict, "
             f"but the model is a {type(model).__name__}"
         )
@@ -270,7 +281,7 @@ def load_pretrained(
     missing = sorted(set(own) - set(sd) - set(at_init))
     unexpected = sorted(set(sd) - set(own))
     if strict and (missing or unexpected):
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint ({source}) does not fit {type(model).__name__}: "
             f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
             f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"

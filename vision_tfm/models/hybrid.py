@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import AT_LEAST_ONE, NON_NEGATIVE, ConfigError, Range
 from ..layers import (
+    NORM_PLACEMENTS,
     LayerNorm,
     Rope,
     block_stack,
@@ -32,13 +35,9 @@ from ..layers import (
     sincos_2d,
 )
 from ._common import (
-    AT_LEAST_0,
-    AT_LEAST_1,
-    ATTENTION_RULES,
-    BASE_RULES,
-    POSITIVE,
+    ATTENTION_CHOICES,
     block_kwargs,
-    check_config,
+    check_model_config,
     init_weights,
     select_indices,
 )
@@ -60,15 +59,6 @@ for _fn in ("pad_to_multiple", "rope_2d", "sincos_2d"):
     torch.fx.wrap(_fn)
 
 GRASP_KEYS = ("quality", "cos", "sin", "width")  # order of the decoder's output channels
-RULES = {
-    **BASE_RULES,
-    **ATTENTION_RULES,
-    "depth": AT_LEAST_1,
-    "rope_theta": POSITIVE,
-    "stem_chs": AT_LEAST_1,
-    "stem_depths": AT_LEAST_0,
-    "dec_depth": AT_LEAST_0,
-}
 
 
 # --- conv building blocks --------------------------------------------------------------------
@@ -147,6 +137,21 @@ class HybridTrunkConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
 
+    RANGES: ClassVar[dict[str, Range]] = {"stem_chs": AT_LEAST_ONE, "stem_depths": NON_NEGATIVE}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **ATTENTION_CHOICES,
+        "pos_embed": POS_EMBEDS,
+        "norm_place": NORM_PLACEMENTS,
+    }
+
+    def __post_init__(self) -> None:
+        check_model_config(self)
+        if not self.stem_chs or len(self.stem_chs) != len(self.stem_depths):
+            raise ConfigError(
+                f"stem_chs {list(self.stem_chs)} and stem_depths {list(self.stem_depths)} "
+                "must be non-empty and of the same length"
+            )
+
 
 class HybridTrunk(nn.Module):
     """Conv stem to a ``1 / 2**(S-1)`` grid for S stem stages, then Transformer blocks on it.
@@ -159,7 +164,6 @@ class HybridTrunk(nn.Module):
 
     def __init__(self, cfg: HybridTrunkConfig) -> None:
         super().__init__()
-        self._validate(cfg)
         self.pos_embed = cfg.pos_embed
         self.rope_theta = cfg.rope_theta
         chs, D = cfg.stem_chs, cfg.embed_dim
@@ -182,17 +186,6 @@ class HybridTrunk(nn.Module):
         self.feature_info = [
             {"module": f"stem.{i}", "num_chs": c, "reduction": 2**i} for i, c in enumerate(chs)
         ] + [{"module": "norm", "num_chs": D, "reduction": self.reduction}]
-
-    @staticmethod
-    def _validate(cfg: HybridTrunkConfig) -> None:
-        check_config(cfg, "HybridTrunk", RULES)
-        if len(cfg.stem_chs) != len(cfg.stem_depths) or not cfg.stem_chs:
-            raise ValueError(
-                f"stem_chs {cfg.stem_chs} and stem_depths {cfg.stem_depths} must be non-empty "
-                "and of the same length"
-            )
-        if cfg.pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
 
     def transform(self, x: torch.Tensor, norm: bool = True) -> torch.Tensor:
         """Last stem map ``(B, C, h, w)`` -> tokens with global context, ``(B, D, h, w)``."""
@@ -238,12 +231,10 @@ class HybridTrunk(nn.Module):
 class _HybridModel(VisionModel):
     """What both heads share: the trunk, input checks, features and intermediates."""
 
-    config_rules = RULES
     first_conv = "trunk.stem.0.0.conv"
 
     def __init__(self, cfg: HybridTrunkConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__, self.config_rules)  # head fields too
         self.cfg = cfg
         self.in_chans = cfg.in_chans
         self.num_features = self.embed_dim = cfg.embed_dim
@@ -376,6 +367,8 @@ class GraspHybridConfig(HybridTrunkConfig):
 
     in_chans: int = 4
     dec_depth: int = 1  # depthwise-residual blocks per decoder level
+
+    RANGES: ClassVar[dict[str, Range]] = {**HybridTrunkConfig.RANGES, "dec_depth": NON_NEGATIVE}
 
 
 class UpStage(nn.Module):

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import apply_overrides
+from ..config import ConfigError, apply_overrides
 
 __all__ = ["create_model", "get_model_entry", "list_models", "register_model"]
 
@@ -47,7 +47,7 @@ def get_model_entry(name: str) -> ModelEntry:
     except KeyError:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.4)
         hint = f"closest: {', '.join(close)}" if close else "see vision_tfm.list_models()"
-        raise ValueError(f"unknown model name {name!r}; {hint}") from None
+        raise ConfigError(f"unknown model name {name!r}; {hint}") from None
 
 
 def create_model(
@@ -85,9 +85,9 @@ def create_model(
     overrides = {**{k: v for k, v in named.items() if v is not None}, **overrides}
     try:
         cfg = apply_overrides(entry.cfg, overrides)
-        model = entry.cls(cfg)  # constructors reject out-of-range fields with a ValueError
+        model = entry.cls(cfg)  # a layer may still refuse a value
     except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
+        raise ConfigError(f"{name}: {e}") from None
     model.model_name = name
     if pretrained or tag or checkpoint_path is not None:
         from .hub import load_weights
@@ -104,4 +104,4 @@ def create_model(
     try:
         return FeatureGetterNet(model, out_indices, output_fmt="NCHW")
     except ValueError as e:
-        raise ValueError(f"{name}: out_indices {out_indices}: {e}") from None
+        raise ConfigError(f"{name}: out_indices {out_indices}: {e}") from None

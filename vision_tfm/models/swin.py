@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from ..config import AT_LEAST_ONE, ConfigError, Range
 from ..layers import (
     Attention,
     Block,
@@ -34,15 +36,7 @@ from ..layers import (
     relative_position_index,
     symbolic,
 )
-from ._common import (
-    AT_LEAST_1,
-    BASE_RULES,
-    block_kwargs,
-    check_config,
-    choice_rule,
-    init_weights,
-    select_indices,
-)
+from ._common import block_kwargs, check_model_config, init_weights, select_indices
 from .base import VisionModel, check_output_fmt, intermediates_result
 from .registry import register_model
 
@@ -299,26 +293,34 @@ class SwinConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
 
+    RANGES: ClassVar[dict[str, Range]] = {"depths": AT_LEAST_ONE, "window_size": AT_LEAST_ONE}
+    # "residual" needs one token stream: it is for ViT and the hybrid
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"norm_place": ("pre", "post")}
+
+    def __post_init__(self) -> None:
+        check_model_config(self)
+        if not self.depths or len(self.depths) != len(self.num_heads):
+            raise ConfigError(
+                f"num_heads must have one entry per stage of depths {list(self.depths)} "
+                f"(at least one), got {list(self.num_heads)}"
+            )
+        for i, h in enumerate(self.num_heads):  # per-stage heads divide the stage's width
+            if (self.embed_dim * 2**i) % h:
+                raise ConfigError(
+                    f"num_heads[{i}] must divide stage {i}'s width {self.embed_dim * 2**i}, got {h}"
+                )
+
 
 class SwinTransformer(VisionModel):
     """Hierarchical backbone: stage i has stride ``patch * 2**i`` and ``embed * 2**i`` channels."""
 
     checkpoint_family = "swin"
     backbone_kind = "stages"
-    config_rules = {
-        **BASE_RULES,
-        "patch_size": AT_LEAST_1,
-        "depths": AT_LEAST_1,
-        "window_size": AT_LEAST_1,
-        "norm_place": choice_rule(("pre", "post")),  # ResiDual's dual stream: not in stages
-    }
     classifier = "head.fc"
     output_fmt = "NHWC"
 
     def __init__(self, cfg: SwinConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__, self.config_rules)
-        self._check_heads(cfg)
         self.cfg = cfg
         self.num_classes = cfg.num_classes
         self.in_chans = cfg.in_chans
@@ -358,20 +360,6 @@ class SwinTransformer(VisionModel):
             for i, d in enumerate(dims)
         ]
         self.apply(init_weights)
-
-    def _check_heads(self, cfg: SwinConfig) -> None:
-        """Per-stage heads: one per stage, each dividing its stage's width."""
-
-        def fail(field: str, value: object, expected: str) -> None:
-            raise ValueError(
-                f"{type(self).__name__} config: {field} must be {expected}, got {value!r}"
-            )
-
-        if len(cfg.depths) != len(cfg.num_heads):
-            fail("num_heads", cfg.num_heads, f"one entry per stage (depths {cfg.depths})")
-        for i, h in enumerate(cfg.num_heads):
-            if (cfg.embed_dim * 2**i) % h:
-                fail(f"num_heads[{i}]", h, f"a divisor of stage {i}'s width {cfg.embed_dim * 2**i}")
 
     def _check(self, x: torch.Tensor) -> None:
         dtype = self.patch_embed.proj.weight.dtype

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from ..config import NON_NEGATIVE, ConfigError, Range
 from ..layers import (
+    NORM_PLACEMENTS,
     PatchEmbed,
     Rope,
     block_stack,
@@ -28,13 +31,9 @@ from ..layers import (
     sincos_2d,
 )
 from ._common import (
-    AT_LEAST_1,
-    ATTENTION_RULES,
-    BASE_RULES,
-    NON_NEGATIVE,
-    POSITIVE,
+    ATTENTION_CHOICES,
     block_kwargs,
-    check_config,
+    check_model_config,
     init_weights,
     select_indices,
 )
@@ -80,27 +79,37 @@ class ViTConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
 
+    RANGES: ClassVar[dict[str, Range]] = {"init_values": NON_NEGATIVE}  # with _common's
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **ATTENTION_CHOICES,
+        "pos_embed": POS_EMBEDS,
+        "norm_place": NORM_PLACEMENTS,
+    }
+
+    def __post_init__(self) -> None:
+        check_model_config(self)
+        if self.img_size < self.patch_size:
+            raise ConfigError(
+                f"img_size {self.img_size} is smaller than one patch (patch_size {self.patch_size})"
+            )
+        if self.img_size % self.patch_size:
+            raise ConfigError(
+                f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}: "
+                "the position table covers whole patches (other input sizes are fine at run time)"
+            )
+
 
 class VisionTransformer(VisionModel):
     """ViT with class-token or average pooling, for any input size."""
 
     checkpoint_family = "vit"
     backbone_kind = "simple_pyramid"
-    config_rules = {
-        **BASE_RULES,
-        **ATTENTION_RULES,
-        "patch_size": AT_LEAST_1,
-        "depth": AT_LEAST_1,
-        "rope_theta": POSITIVE,
-        "init_values": NON_NEGATIVE,
-    }
     global_pools = ("token", "avg", "")
     output_fmt = "NLC"
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        check_config(cfg, type(self).__name__, self.config_rules)
-        self._validate(cfg)
+        self._check_pool(cfg.global_pool, cfg.class_token)
         self.cfg = cfg
         self.num_classes = cfg.num_classes
         self.in_chans = cfg.in_chans
@@ -145,20 +154,6 @@ class VisionTransformer(VisionModel):
         self.apply(init_weights)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-
-    def _validate(self, cfg: ViTConfig) -> None:
-        if cfg.img_size < cfg.patch_size:
-            raise ValueError(
-                f"img_size {cfg.img_size} is smaller than one patch (patch_size {cfg.patch_size})"
-            )
-        if cfg.img_size % cfg.patch_size:
-            raise ValueError(
-                f"img_size {cfg.img_size} must be a multiple of patch_size {cfg.patch_size}: "
-                "the position table covers whole patches (other input sizes are fine at run time)"
-            )
-        self._check_pool(cfg.global_pool, cfg.class_token)
-        if cfg.pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {cfg.pos_embed!r}")
 
     # --- pieces, in the paper's order --------------------------------------------------
 
@@ -277,7 +272,7 @@ class VisionTransformer(VisionModel):
         super()._check_pool(global_pool)
         has_token = self.num_prefix_tokens > 0 if class_token is None else class_token
         if global_pool == "token" and not has_token:
-            raise ValueError("global_pool='token' needs class_token=True")
+            raise ConfigError("global_pool='token' needs class_token=True")
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Swap the head for fine-tuning on another label set (and the pooling, if given)."""

@@ -194,7 +194,7 @@ def shipped_weights(
             False takes the raw model's.
     """
     if use_ema and ckpt.get("ema") is None:
-        raise ValueError(
+        raise CheckpointError(
             "EMA weights asked for (--ema), but this checkpoint has none: "
             "its run trained without ema.enabled"
         )

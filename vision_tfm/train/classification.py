@@ -15,7 +15,9 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from ..config import ConfigError
 from ..data import AugConfig, DataConfig, build_cls_datasets
+from ..errors import CheckpointError
 from ..models.registry import get_model_entry
 from .checkpoint import build_for_weights, check_meta, shipped_weights
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
@@ -51,7 +53,7 @@ def build_cls_model(
     """Create the registered model with the data's class count, channels and size."""
     entry = get_model_entry(model_cfg.name)
     if model_cfg.name in grasp_models():  # else: "unknown config key 'num_classes'"
-        raise ValueError(
+        raise ConfigError(
             f"model.name={model_cfg.name!r} is a grasp model, not a classifier; "
             "train it with train_grasp.py"
         )
@@ -163,7 +165,7 @@ def restore_cls_model(
     the checkpoint in errors.
     """
     if ckpt.get("meta", {}).get("task") != "cls":
-        raise ValueError("checkpoint is not a classification checkpoint")
+        raise CheckpointError("checkpoint is not a classification checkpoint")
     build, cfg = cls_model_builder(ckpt, source)
     return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
 

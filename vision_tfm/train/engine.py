@@ -481,22 +481,28 @@ class Trainer:
         }
 
     def _save(self, best: bool) -> None:
+        # a finite loss does not prove finite weights (a huge step, a bad lr). Every rank
+        # checks its own copy: DDP keeps them equal, so all ranks stop here together.
+        try:
+            check_finite(self.model.state_dict(), "the trained weights")
+        except CheckpointError as e:
+            raise self._non_finite(f"{e} after epoch {self.state.epoch}") from None
         if not is_main():
             return
         ck = self._checkpoint()
-        try:  # a finite loss does not prove finite weights (a huge step, a bad lr)
-            check_finite(ck["model"], "the trained weights")
-        except CheckpointError as e:
-            raise NonFiniteLossError(
-                f"{e} after epoch {self.state.epoch}; stopping ({self._kept()})"
-            ) from None
         atomic_save(ck, self.run_dir / "last.pt")
         if best:
             atomic_save(ck, self.run_dir / "best.pt")
 
-    def _kept(self) -> str:
-        last = self.run_dir / "last.pt"
-        return f"last good checkpoint kept: {last}" if last.exists() else "no checkpoint yet"
+    def _non_finite(self, what: str) -> NonFiniteLossError:
+        """The one-line stop; only rank 0 knows its run dir and writes checkpoints."""
+        if not is_main():
+            kept = "rank 0 keeps the last good checkpoint"
+        elif (self.run_dir / "last.pt").exists():
+            kept = f"last good checkpoint kept: {self.run_dir / 'last.pt'}"
+        else:
+            kept = "no checkpoint yet"
+        return NonFiniteLossError(f"{what}; stopping ({kept})")
 
     # --- loop --------------------------------------------------------------------------
 
@@ -725,6 +731,7 @@ class Trainer:
             )
         t_start, seen_start = time.perf_counter(), s.seen
         self.optimizer.zero_grad(set_to_none=True)
+        bad = ""  # this rank's first non-finite loss (any stops the run)
         for batch in loader:
             k = s.step_in_epoch
             sync = (k + 1) % accum == 0 or k + 1 == nb  # the last micro-batch of its group
@@ -733,14 +740,21 @@ class Trainer:
             with self._grad_sync(sync):
                 with self._autocast():
                     loss, n = self.task.loss(self.train_model, batch, self.device)
-                if not torch.isfinite(loss):
-                    raise NonFiniteLossError(
-                        f"loss became {loss.item()} at epoch {epoch + 1}, step {k + 1}; "
-                        f"stopping ({self._kept()})"
-                    )
+                if not bad and not torch.isfinite(loss):
+                    bad = f"loss became {loss.item()} at epoch {epoch + 1}, step {k + 1}"
+                    if not self.distributed:
+                        raise self._non_finite(bad)
+                # under DDP every rank runs backward: the others wait in its gradient all-reduce
                 self.scaler.scale(loss / group).backward()
             s.step_in_epoch += 1
             if sync:
+                stop, failed = self._agree(bool(bad))  # before the step: no NaN update applied
+                if failed:
+                    raise self._non_finite(
+                        bad
+                        or f"loss became non-finite on another rank at epoch {epoch + 1}, "
+                        f"by step {k + 1}"
+                    )
                 self._optimizer_step()
             sums += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
             s.seen += n * world_size()
@@ -758,7 +772,7 @@ class Trainer:
                     logger.step(s.num_updates, loss.item(), lr)
             if bar is not None:
                 bar.update(1)
-            if sync and self._stop_agreed():
+            if sync and stop:
                 break
         if bar is not None:
             bar.close()
@@ -771,11 +785,16 @@ class Trainer:
             return contextlib.nullcontext()
         return self.ddp.no_sync()
 
-    def _stop_agreed(self) -> bool:
-        """Whether any rank got Ctrl-C. Every rank asks at every update, so all stop at one."""
-        flag = torch.tensor([float(self._interrupted)], device=self.device)
-        self._stop = all_reduce_sum(flag).item() > 0
-        return self._stop
+    def _agree(self, bad_loss: bool) -> tuple[bool, bool]:
+        """Whether any rank got Ctrl-C, and whether any saw a non-finite loss.
+
+        Every rank asks at every update, in one all-reduce, so all stop at the same one: a
+        rank that stopped alone would leave the others blocked in the next collective.
+        """
+        flags = torch.tensor([float(self._interrupted), float(bad_loss)], device=self.device)
+        stop, failed = (all_reduce_sum(flags) > 0).tolist()
+        self._stop = stop
+        return stop, failed
 
     def _optimizer_step(self) -> None:
         s, o = self.state, self.cfg.optim

@@ -35,6 +35,7 @@ from ..config import (
     config_to_dict,
 )
 from ..data.grasp import CROP_MODES, GraspAugment, GraspDataset, build_grasp_datasets, grasp_collate
+from ..errors import CheckpointError
 from ..grasp import (
     MAP_KEYS,
     WIDTH_SCALE,
@@ -247,7 +248,7 @@ def check_grasp_model(name: str) -> None:
     get_model_entry(name)  # an unknown name gets the registry's own error
     grasp = grasp_models()
     if name not in grasp:
-        raise ValueError(
+        raise ConfigError(
             f"model.name={name!r} is a classification model, not a grasp model; "
             f"use one of {', '.join(grasp)} (or train it with train_cls.py)"
         )
@@ -257,7 +258,7 @@ def build_grasp_model(cfg: GraspConfig) -> nn.Module:
     """The registered grasp model with channels from the configured input."""
     check_grasp_model(cfg.model.name)
     if cfg.data.input not in IN_CHANS:
-        raise ValueError(f"data.input must be one of {sorted(IN_CHANS)}, got {cfg.data.input!r}")
+        raise ConfigError(f"data.input must be one of {sorted(IN_CHANS)}, got {cfg.data.input!r}")
     return cfg.model.create(in_chans=IN_CHANS[cfg.data.input])
 
 
@@ -268,13 +269,15 @@ class GraspTask:
 
     def __init__(self, cfg: GraspConfig) -> None:
         if cfg.loss.maps not in _MAP_LOSSES:
-            raise ValueError(f"loss.maps must be one of {list(_MAP_LOSSES)}, got {cfg.loss.maps!r}")
+            raise ConfigError(
+                f"loss.maps must be one of {list(_MAP_LOSSES)}, got {cfg.loss.maps!r}"
+            )
         if cfg.loss.quality not in _QUALITY_LOSSES:
-            raise ValueError(
+            raise ConfigError(
                 f"loss.quality must be one of {list(_QUALITY_LOSSES)}, got {cfg.loss.quality!r}"
             )
         if cfg.loss.geometry not in _GEOMETRY:
-            raise ValueError(
+            raise ConfigError(
                 f"loss.geometry must be one of {list(_GEOMETRY)}, got {cfg.loss.geometry!r}"
             )
         check_grasp_model(cfg.model.name)
@@ -446,7 +449,7 @@ def restore_grasp_model(
     from .checkpoint import build_for_weights, shipped_weights
 
     if ckpt.get("meta", {}).get("task") != "grasp":
-        raise ValueError("checkpoint is not a grasp checkpoint")
+        raise CheckpointError("checkpoint is not a grasp checkpoint")
     build, cfg = grasp_model_builder(ckpt, source)
     model = build_for_weights(build, shipped_weights(ckpt, use_ema, source), source)
     return model.eval(), cfg
@@ -478,7 +481,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
     from .engine import Trainer, make_run_dir
 
     if folds < 2:
-        raise ValueError(f"--folds must be >= 2, got {folds}")
+        raise ConfigError(f"--folds must be >= 2, got {folds}")
     cv_dir = make_run_dir(cfg.run.out_dir, f"{cfg.model.name}-cv{folds}")
     split = f"{cfg.data.split}-wise"
     keys = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
