@@ -5,7 +5,8 @@
 - LayerScale folded into the projection before it;
 - Swin's relative position bias gathered once per block, and the shifted-window mask
   added to it once per input size (cached);
-- attention on the fused SDPA path (the explicit one where it measured faster: bf16 on CPU);
+- attention on the fused SDPA path (the explicit one where it measured faster, see
+  ``layers/attention_dispatch.py``);
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
 - optionally ``torch.compile`` with freezing: weights become constants, so Inductor folds
   them and pre-packs them for oneDNN, and fuses the element-wise work between the matmuls.
