@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from .layers import Block, LayerScale, set_fused_attn
+from .layers.attention_dispatch import warn_if_bf16_emulated
 
 __all__ = ["optimize_for_inference"]
 
@@ -115,6 +116,9 @@ def optimize_for_inference(
             m.freeze_bias()
     if dtype is not None:
         model.to(dtype)  # frozen biases are buffers: cast with the weights
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        if dtype == torch.bfloat16 and on_cpu:
+            warn_if_bf16_emulated("leave dtype at fp32 (None)")
     model.inference_optimized = True
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position

@@ -15,12 +15,6 @@ AVX512_AMX = ("AVX512", True)  # native bf16 (AVX512_BF16 / AMX)
 AVX2 = ("AVX2", False)  # bf16 emulated in fp32 units
 
 
-def fake_cpu(monkeypatch: pytest.MonkeyPatch, cpu: tuple[str, bool]) -> None:
-    capability, native_bf16 = cpu
-    monkeypatch.setattr(dispatch, "cpu_capability", lambda: capability)
-    monkeypatch.setattr(dispatch, "cpu_native_bf16", lambda: native_bf16)
-
-
 def reference(attn: Attention, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The layer written out in float64: softmax(q kᵀ / sqrt(d) + bias) v, then proj."""
     *lead, n, c = x.shape
@@ -64,9 +58,9 @@ BRANCHES = {
 
 
 @pytest.mark.parametrize("branch", list(BRANCHES))
-def test_each_dispatch_branch_matches_float64_attention(monkeypatch, branch):
+def test_each_dispatch_branch_matches_float64_attention(fake_cpu, branch):
     cpu, dtype, training, windows, plan = BRANCHES[branch]
-    fake_cpu(monkeypatch, cpu)
+    fake_cpu(*cpu)
     torch.manual_seed(0)
     attn = Attention(32, 4)
     # Swin-like windows (B, nW, N, C) with a per-window bias, or ViT-like tokens (B, N, C)
@@ -90,12 +84,12 @@ def test_each_dispatch_branch_matches_float64_attention(monkeypatch, branch):
         torch.testing.assert_close(grad.double(), ref_grad, atol=tol * scale, rtol=tol * 2)
 
 
-def test_need_weights_takes_the_explicit_path_on_every_cpu(monkeypatch):
+def test_need_weights_takes_the_explicit_path_on_every_cpu(fake_cpu):
     torch.manual_seed(0)
     attn = Attention(32, 4).eval()
     x, bias = torch.randn(2, 3, 16, 32), torch.randn(3, 4, 16, 16)
     for cpu in (AVX512_AMX, AVX2):
-        fake_cpu(monkeypatch, cpu)
+        fake_cpu(*cpu)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             out, weights = attn(x, bias=bias, return_attn=True)
         torch.testing.assert_close(out.double(), reference(attn, x, bias), atol=3e-2, rtol=3e-2)
@@ -127,3 +121,25 @@ def test_capability_is_a_constant_under_compile():
     compiled = torch.compile(pick, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(q), pick(q))
     assert dispatch.cpu_capability() == torch.backends.cpu.get_cpu_capability()
+
+
+def test_emulated_bf16_warns_once_with_the_measured_factor(fake_cpu, caplog):
+    fake_cpu("AVX512", True)
+    assert dispatch.warn_if_bf16_emulated("use fp32") is None and not caplog.records
+    fake_cpu("AVX2", False)
+    note = dispatch.warn_if_bf16_emulated("use fp32")
+    (record,) = caplog.records
+    factor = dispatch.bf16_matmul_slowdown()
+    assert record.levelname == "WARNING" and "\n" not in record.getMessage()
+    assert "AVX2" in note and f"{factor:.1f}x" in note and record.getMessage().endswith("use fp32")
+    assert factor > 0
+
+
+def test_optimize_for_inference_in_bf16_warns_where_bf16_is_emulated(fake_cpu, caplog):
+    import vision_tfm as vt
+
+    fake_cpu("AVX2", False)
+    vt.optimize_for_inference(Attention(8, 2), dtype="fp32")
+    assert not caplog.records
+    vt.optimize_for_inference(Attention(8, 2), dtype="bf16")
+    assert len(caplog.records) == 1 and "emulated" in caplog.text and "dtype" in caplog.text

@@ -12,7 +12,9 @@ the figures, per CPU kind, are in the README's speed section:
 
 The CPU's capability is read once per process (:func:`cpu_capability`,
 :func:`cpu_native_bf16`) and is a constant to ``torch.compile`` and ``torch.export``, so a
-compiled or exported graph takes the branch eager takes on the same machine.
+compiled or exported graph takes the branch eager takes on the same machine. Where bf16 is
+emulated, :func:`warn_if_bf16_emulated` tells the user (training, ``vtfm benchmark`` and
+``optimize_for_inference`` call it) with the slow-down a tiny matmul probe measures.
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` makes an AVX-512 machine answer, and
 compute, as an AVX2 one.
 """
@@ -20,7 +22,9 @@ compute, as an AVX2 one.
 from __future__ import annotations
 
 import functools
+import logging
 import platform
+import time
 from typing import NamedTuple
 
 import torch
@@ -29,13 +33,18 @@ import torch.nn.functional as F
 __all__ = [
     "AttentionPlan",
     "attention_plan",
+    "bf16_matmul_slowdown",
     "cpu_capability",
     "cpu_native_bf16",
+    "emulated_bf16_note",
     "explicit_attention",
     "merge_bias_and_mask",
     "sdpa_attention",
     "softmax_attention",
+    "warn_if_bf16_emulated",
 ]
+
+log = logging.getLogger("vision_tfm")
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -65,6 +74,43 @@ def _cpu_native_bf16() -> bool:
 def cpu_native_bf16() -> bool:
     """bf16 matmuls in hardware (AVX512_BF16 or AMX on x86), not emulated in fp32 units."""
     return _cpu_native_bf16()
+
+
+@functools.cache
+def bf16_matmul_slowdown(n: int = 256) -> float:
+    """How many times longer a bf16 ``n x n`` matmul takes than an fp32 one on this CPU (best
+    of 3 each, after a warm-up): tens of milliseconds where bf16 is emulated."""
+    best = {}
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            torch.mm(a, b)
+            runs = []
+            for _ in range(3):
+                t = time.perf_counter()
+                torch.mm(a, b)
+                runs.append(time.perf_counter() - t)
+            best[dtype] = min(runs)
+    return best[torch.bfloat16] / best[torch.float32]
+
+
+def emulated_bf16_note() -> str | None:
+    """One line saying bf16 is emulated on this CPU, with the probe's factor; None if native."""
+    if cpu_native_bf16():
+        return None
+    return (
+        f"bf16 is emulated on this CPU ({cpu_capability()}, no AVX512_BF16 or AMX): a bf16 "
+        f"matmul ran {bf16_matmul_slowdown():.1f}x slower than fp32 here"
+    )
+
+
+def warn_if_bf16_emulated(instead: str) -> str | None:
+    """Log one warning line where bf16 is emulated, ending with ``instead`` (the fp32 setting
+    to use); returns the note (None where bf16 is native)."""
+    note = emulated_bf16_note()
+    if note is not None:
+        log.warning("warning: %s; %s", note, instead)
+    return note
 
 
 class AttentionPlan(NamedTuple):
