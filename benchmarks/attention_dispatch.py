@@ -9,7 +9,8 @@ attention core only (q, k, v in, heads out; no projections):
 
 - ``vit``: a ViT-S/16 layer, ``(B, 6, 197, 64)``, no bias;
 - ``swin``: Swin-T stage-1 windows, ``(B, 64, 3, 49, 32)`` with a ``(64, 3, 49, 49)`` fp32
-  bias (relative position + shift mask), as the model passes them.
+  bias (relative position + shift mask), as the model passes them; in training the bias
+  takes a gradient, as the relative-position table does.
 
 q, k and v are strided views of one qkv tensor, as ``Attention`` makes them. ``infer`` runs
 under ``inference_mode``; ``train`` is forward plus backward of a sum. Paths: ``sdpa``
@@ -48,7 +49,8 @@ def inputs(case: str, batch: int, dtype: torch.dtype, grad: bool):
     torch.manual_seed(0)
     qkv = torch.randn(batch, *lead, n, 3 * h, d, dtype=dtype, requires_grad=grad)
     q, k, v = qkv.transpose(-3, -2).chunk(3, dim=-3)  # 3 x (B, ..., h, N, d)
-    bias = None if bias_shape is None else torch.randn(bias_shape)
+    # in training the bias takes a gradient, as Swin's relative-position table does
+    bias = None if bias_shape is None else torch.randn(bias_shape, requires_grad=grad)
     return qkv, (q, k, v), bias
 
 
@@ -82,7 +84,9 @@ def step(fn: Callable, case: str, batch: int, dtype: torch.dtype, train: bool) -
 
         def run() -> None:
             fn(q, k, v, bias).float().sum().backward(retain_graph=True)
-            qkv.grad = None
+            for leaf in (qkv, bias):
+                if leaf is not None:
+                    leaf.grad = None
 
         return run
 
