@@ -54,6 +54,7 @@ BRANCHES = {
     ),
     "bf16-emulated-infer-sdpa": (AVX2, torch.bfloat16, False, True, AttentionPlan(True)),
     "bf16-emulated-train-sdpa": (AVX2, torch.bfloat16, True, False, AttentionPlan(True)),
+    "bf16-emulated-windows-train-sdpa": (AVX2, torch.bfloat16, True, True, AttentionPlan(True)),
 }
 
 

@@ -63,7 +63,9 @@ def cpu_capability() -> str:
 @functools.cache
 def _cpu_native_bf16() -> bool:
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        bf16_units = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        # ATen's own kernels (softmax, casts) must be the AVX-512 ones too
+        hardware = bf16_units and _cpu_capability().startswith("AVX512")
     else:  # Arm: oneDNN's check below is the BF16 extension itself
         hardware = True
     # oneDNN's own check honours ONEDNN_MAX_CPU_ISA, so a capped ISA reads as emulated bf16
@@ -129,24 +131,27 @@ def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> Atten
         has_bias: An additive bias (relative position, shift mask) comes with the call.
         need_weights: The caller wants the softmax weights, which SDPA never forms.
     """
-    if not need_weights and q.device.type != "cpu":
-        return AttentionPlan(fused=True)  # CUDA and others: SDPA, no measurement says otherwise
     training = q.requires_grad
     if not need_weights:
-        # CPU, benchmarks/attention_dispatch.py: with native bf16, two bf16 matmuls around a
-        # softmax beat SDPA's bf16 kernels; where bf16 is emulated (AVX2) SDPA wins. Windows
-        # under autograd: SDPA's backward runs on the folded, materialised bias, slower than
-        # the explicit path broadcasting it.
-        native_bf16 = q.dtype == torch.bfloat16 and cpu_native_bf16()
-        windowed_training = q.dim() > 4 and training
-        if not (native_bf16 or windowed_training):
+        if q.device.type != "cpu":
+            return AttentionPlan(fused=True)  # CUDA and others: no measurement says otherwise
+        bf16 = q.dtype == torch.bfloat16
+        # benchmarks/attention_dispatch.py, on each CPU kind:
+        # - bf16 emulated (AVX2): SDPA's kernels beat emulated bf16 matmuls, windows included;
+        # - bf16 native (AVX512_BF16, AMX): two bf16 matmuls around a softmax beat SDPA's
+        #   bf16 kernels, above all in training;
+        # - windows under autograd: SDPA's backward runs on the folded, materialised bias,
+        #   slower than the explicit path broadcasting it.
+        if bf16 and not cpu_native_bf16():
             return AttentionPlan(fused=True)
-    # benchmarks/attention_dispatch.py: in inference an fp32 bias add and softmax beat the
-    # low-precision softmax kernel; under autograd the fp32 backward costs more than it saves.
+        if not (bf16 or (q.dim() > 4 and training)):
+            return AttentionPlan(fused=True)
+    # benchmarks/bench_vs_timm.py (Swin-T, whole model): in inference an fp32 bias add and
+    # softmax beat the bf16 softmax kernel; under autograd the fp32 backward costs more.
     upcast = has_bias and q.dtype in LOW_PRECISION and not training
-    # benchmarks/attention_dispatch.py: contiguous q, k, v speed up the eager training step's
-    # matmuls; in inference the strided views are faster, and graphs (compile, export) need
-    # neither.
+    # benchmarks/bench_vs_timm.py (Swin-T, whole model): contiguous q, k, v speed up the eager
+    # training step's matmuls; in inference the strided views are faster, and graphs
+    # (compile, export) need neither.
     contiguous = training and not torch.compiler.is_compiling()
     return AttentionPlan(fused=False, upcast=upcast, contiguous=contiguous)
 
