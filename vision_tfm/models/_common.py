@@ -55,7 +55,6 @@ def _choice_rule(choices: Sequence[str]) -> Rule:
     what = f"one of {', '.join(choices)}"
     return (lambda v: v in choices), what, what
 
-
 # Rules for the fields every family spells the same way. A family declares its own table as
 # ``VisionModel.config_rules`` = these plus its own fields, so a new field needs no edit here.
 # Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) apply the rule to
