@@ -39,6 +39,8 @@ import torch
 import vision_tfm as vt
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.layers import Attention
+from vision_tfm.layers import attention_dispatch as dispatch
+from vision_tfm.layers.attention_dispatch import AttentionPlan
 
 KERNELS = ("softmax", "elu1", "relu", "favor")
 PRECISIONS = ("fp32", "bf16")
@@ -54,11 +56,10 @@ def attn_kwargs(kernel: str) -> dict:
     return {} if kernel == "softmax" else {"attn_type": "linear", "feature_map": kernel}
 
 
-def force_sdpa(model: torch.nn.Module) -> None:
-    """Softmax layers take SDPA in every precision (bf16 on CPU would pick the N x N path)."""
-    for m in model.modules():
-        if isinstance(m, Attention) and m.feature_map is None:
-            m._fused_wins = lambda q, return_attn: True
+def force_sdpa() -> None:
+    """Softmax layers take SDPA in every precision (bf16 on a CPU with native bf16 would pick
+    the N x N path)."""
+    dispatch.attention_plan = lambda q, has_bias, need_weights: AttentionPlan(not need_weights)
 
 
 def build(scope: str, kernel: str, n: int) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -72,7 +73,6 @@ def build(scope: str, kernel: str, n: int) -> tuple[torch.nn.Module, torch.Tenso
             raise ValueError(f"--vit-sizes: {n} is not a square number of tokens")
         model = vt.create_model("vit_small_patch16_224", **attn_kwargs(kernel))
         x = torch.randn(1, 3, side * PATCH, side * PATCH)
-    force_sdpa(model)
     return model.eval(), x
 
 
@@ -145,6 +145,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--growth-from", type=int, default=3136, help="first N of the growth figure")
     args = p.parse_args()
+    force_sdpa()
     kernels, precs = args.kernels.split(","), args.precisions.split(",")
     bad = [k for k in kernels if k not in KERNELS] + [q for q in precs if q not in PRECISIONS]
     if bad or "softmax" not in kernels or len(kernels) < 2 or args.rounds < 1:

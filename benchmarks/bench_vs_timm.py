@@ -3,6 +3,8 @@
     python benchmarks/bench_vs_timm.py                          # full grid, ~15 min on 2 cores
     python benchmarks/bench_vs_timm.py --quick                  # one round per case, ~3 min
     python benchmarks/bench_vs_timm.py --models swin --modes infer --batches 16
+    python benchmarks/bench_vs_timm.py --quick --check        # exit 1 if any case < 0.95x
+    python benchmarks/bench_vs_timm.py --compile --models swin --batches 16
 
 For every case (model x precision x batch x threads x mode) both models run in alternating
 rounds (ours, timm, timm, ours, ...) so machine noise hits both alike; each reports its
@@ -13,11 +15,13 @@ as 3x the forward. The matmul ceiling is the best single 512², 1024² or 2048²
 a busy machine only ever slows a run down).
 
 Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 weights for
-the bf16 case); training uses the plain model. ``--compile`` adds ``torch.compile`` to ours
-(inference: with freezing, through ``optimize_for_inference(compile=True)``; training: the
-plain ``torch.compile`` that ``run.compile`` uses) and reports the compile time, i.e. the
-first call's time less a steady call's; timm stays eager unless ``--compile-timm``.
-``grasp_hybrid_s`` is compared with its own unoptimised eager version (timm has no such model).
+the bf16 case); training uses the plain model. ``--compile`` compiles both, so compiled is
+measured against compiled: ours through ``optimize_for_inference(compile=True)`` (with
+freezing) in inference and the plain ``torch.compile`` that ``run.compile`` uses in
+training, the reference through ``torch.compile`` with the same options; it reports ours'
+compile time, i.e. the first call's time less a steady call's. ``grasp_hybrid_s`` is compared
+with its own unoptimised version (timm has no such model). ``--check`` exits 1, after the
+table, when any case runs below ``CHECK_MIN`` (0.95x) its reference.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 import vision_tfm as vt
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 
+CHECK_MIN = 0.95  # --check: the slowest ratio against the reference that passes
 PAIRS = {
     "vit": ("vit_small_patch16_224", "vit_small_patch16_224"),
     "swin": ("swin_tiny_patch4_window7_224", "swin_tiny_patch4_window7_224"),
@@ -92,8 +97,8 @@ def interleaved(
     return {k: statistics.median(v) for k, v in times.items()}, first
 
 
-def build(kind: str, prec: str, mode: str, compile: bool = False, compile_ref: bool = False):
-    """(ours, reference, label of the reference), same weights."""
+def build(kind: str, prec: str, mode: str, compile: bool = False):
+    """(ours, reference, label of the reference), same weights; ``compile`` compiles both."""
     ours_name, timm_name = PAIRS[kind]
     torch.manual_seed(0)
     if timm_name is None:  # grasp: the reference is our own unoptimised model
@@ -107,13 +112,13 @@ def build(kind: str, prec: str, mode: str, compile: bool = False, compile_ref: b
     if mode == "infer":
         dtype = torch.bfloat16 if prec == "bf16" else None
         ours = vt.optimize_for_inference(ours, dtype=dtype, compile=compile)
-        if compile_ref:
+        if compile:
             ref = torch.compile(ref, dynamic=False, options={"freezing": True})
     else:
         ours.train()
         ref.train()
         ours = torch.compile(ours, dynamic=False) if compile else ours
-        ref = torch.compile(ref, dynamic=False) if compile_ref else ref
+        ref = torch.compile(ref, dynamic=False) if compile else ref
     return ours, ref, label
 
 
@@ -162,8 +167,8 @@ def main() -> None:
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 iteration each")
-    p.add_argument("--compile", action="store_true", help="torch.compile ours")
-    p.add_argument("--compile-timm", action="store_true", help="torch.compile the reference")
+    p.add_argument("--compile", action="store_true", help="torch.compile ours and the reference")
+    p.add_argument("--check", action="store_true", help=f"exit 1 if any case is < {CHECK_MIN}x")
     args = p.parse_args()
     check_choices(p, args)
     rounds = 2 if args.quick else args.rounds
@@ -180,7 +185,7 @@ def main() -> None:
                         continue  # the fast path is inference-only
                     for batch in map(int, args.batches.split(",")):
                         torch._dynamo.reset()  # compiled code is specialised to thread count
-                        ours, ref, label = build(kind, prec, mode, args.compile, args.compile_timm)
+                        ours, ref, label = build(kind, prec, mode, args.compile)
                         c = 4 if kind == "grasp" else 3
                         x = torch.randn(batch, c, 224, 224)
                         xin = model_input(ours, x)
@@ -247,6 +252,14 @@ def main() -> None:
             f"{r['threads']} | {r['ref_ms']:.1f} | {r['ours_ms']:.1f} | {r['speedup']:.2f} | "
             f"{r['gflops']:.1f} | {r['ceiling']:.0f}% | {r['parity']:.1e} |"
         )
+    slow = [r for r in rows if r["speedup"] < CHECK_MIN]
+    if args.check and slow:
+        for r in slow:
+            print(
+                f"check: {r['model']} {r['mode']} {r['prec']} b{r['batch']} t{r['threads']} "
+                f"runs {r['speedup']:.2f}x {r['vs']}, below {CHECK_MIN}x"
+            )
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

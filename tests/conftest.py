@@ -32,3 +32,16 @@ def tiny_model():
         return vt.create_model(name, **{**tiny_overrides(name), **kw})
 
     return make
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """``fake_cpu(capability, native_bf16)``: the attention dispatch and the emulated-bf16
+    warning see that CPU (e.g. ``"AVX2", False``) instead of this one."""
+    from vision_tfm.layers import attention_dispatch
+
+    def fake(capability: str, native_bf16: bool) -> None:
+        monkeypatch.setattr(attention_dispatch, "cpu_capability", lambda: capability)
+        monkeypatch.setattr(attention_dispatch, "cpu_native_bf16", lambda: native_bf16)
+
+    return fake

@@ -5,7 +5,8 @@
 - LayerScale folded into the projection before it;
 - Swin's relative position bias gathered once per block, and the shifted-window mask
   added to it once per input size (cached);
-- attention on the fused SDPA path (the explicit one where it measured faster: bf16 on CPU);
+- attention on the fused SDPA path (the explicit one where it measured faster, see
+  ``layers/attention_dispatch.py``);
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
 - optionally ``torch.compile`` with freezing: weights become constants, so Inductor folds
   them and pre-packs them for oneDNN, and fuses the element-wise work between the matmuls.
@@ -23,6 +24,7 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from .layers import Block, LayerScale, set_fused_attn
+from .layers.attention_dispatch import warn_if_bf16_emulated
 
 __all__ = ["optimize_for_inference"]
 
@@ -114,6 +116,9 @@ def optimize_for_inference(
             m.freeze_bias()
     if dtype is not None:
         model.to(dtype)  # frozen biases are buffers: cast with the weights
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        if dtype == torch.bfloat16 and on_cpu:
+            warn_if_bf16_emulated("leave dtype at fp32 (None)")
     model.inference_optimized = True
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position

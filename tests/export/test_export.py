@@ -323,9 +323,11 @@ def test_failed_parity_exits_nonzero_says_by_how_much_and_writes_nothing(
 
 
 def test_benchmark_table_has_every_column_and_survives_a_failing_format(
-    vit_export: Path, tmp_path: Path, capsys
+    vit_export: Path, tmp_path: Path, capsys, fake_cpu, caplog
 ) -> None:
     from vision_tfm.export.benchmark import COLUMNS
+
+    fake_cpu("AVX2", False)  # bf16 emulated: one warning line, and the footer says it
 
     empty = tmp_path / "no_images"
     empty.mkdir()
@@ -373,7 +375,9 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
     assert result["val_images"] == 64 and result["metric_name"] == "top1"
     assert {"torch", "vision_tfm", "onnx", "onnxruntime"} <= set(result["versions"])
-    assert (tmp_path / "b" / "benchmark.md").read_text().startswith("| format |")
+    md = (tmp_path / "b" / "benchmark.md").read_text()
+    assert md.startswith("| format |") and "torch-bf16: bf16 is emulated" in md
+    assert len([r for r in caplog.records if "emulated" in r.getMessage()]) == 1
     err = fail(capsys, *args)  # the tables exist now: refused before any work
     assert "exists; pass --overwrite" in err
     kept = json.loads((tmp_path / "k" / "model-opset18.json").read_text())

@@ -66,6 +66,19 @@ def test_resume_at_epoch_boundary_is_bit_identical(tmp_path):
     assert len(rows) == 3 and rows[0].startswith("epoch,train_loss,lr,top1,top5")
 
 
+def test_bf16_training_warns_once_where_bf16_is_emulated(tmp_path, fake_cpu, caplog):
+    fake_cpu("AVX2", False)
+    run(
+        tiny_cfg(
+            tmp_path, **{"run.precision": "bf16", "run.stop_after": 1, "data.train_subset": 64}
+        )
+    )
+    (record,) = [r for r in caplog.records if "emulated" in r.getMessage()]
+    assert (
+        "x slower than fp32" in record.getMessage() and "run.precision=fp32" in record.getMessage()
+    )
+
+
 def _snapshot(d: Path) -> dict:
     return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*")) if p.is_file()}
 

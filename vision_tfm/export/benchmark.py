@@ -35,6 +35,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from ..layers.attention_dispatch import warn_if_bf16_emulated
 from ..models import get_model_entry
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
 from .memory import CALLS, peak_rss_mb
@@ -322,8 +323,11 @@ def benchmark_checkpoint(
         xb = xb[: opts.batch]
         gflops = count_flops(source.model, x1) / 1e9
         dtypes = {"fp32": torch.float32}
+        bf16_note = None
         if any(f.endswith("-bf16") for f in opts.formats):
             dtypes["bf16"] = torch.bfloat16
+        if "torch-bf16" in opts.formats:
+            bf16_note = warn_if_bf16_emulated("the torch row is the one to use")
         ceilings = {
             k: matmul_ceiling(dt, opts.threads, opts.ceiling_sizes, opts.ceiling_seconds)
             for k, dt in dtypes.items()
@@ -395,6 +399,7 @@ def benchmark_checkpoint(
             **({"openvino": openvino_version()} if uses_openvino else {}),
         },
         "settings": {k: v for k, v in asdict(opts).items() if k != "formats"},
+        "bf16_note": bf16_note,
         "rows": [asdict(r) for r in rows],
     }
 
@@ -486,6 +491,8 @@ def markdown_table(result: dict[str, Any]) -> str:
             "cores from the next format in the interleaved rounds (and slowed eager PyTorch "
             "several-fold when it was on)."
         )
+    if result.get("bf16_note"):
+        lines.append(f"torch-bf16: {result['bf16_note']}; the fp32 torch row is the one to use.")
     over = [
         r["format"]
         for r in result["rows"]

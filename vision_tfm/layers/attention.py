@@ -3,8 +3,9 @@
 One fused ``qkv`` projection feeds either ``F.scaled_dot_product_attention`` (default: the
 fastest kernel PyTorch has for the device) or an explicit softmax path. The explicit path is
 there to return attention weights (rollout maps), to export where the fused op does not, and
-for the cases where it is measured faster (bf16 on CPU, Swin windows under autograd); both
-take the same additive bias and boolean mask, so they are interchangeable.
+for the cases where it is measured faster; both take the same additive bias and boolean
+mask, so they are interchangeable. :mod:`.attention_dispatch` picks one per call, by what
+the device can do.
 
 ``attn_type="linear"`` swaps the softmax for a feature map φ (Katharopoulos et al. 2020,
 *Transformers are RNNs*; Choromanski et al. 2020, *Performers*): ``y_i = Σ_j φ(q_i)·φ(k_j) v_j /
@@ -28,6 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from .attention_dispatch import (
+    LOW_PRECISION,
+    merge_bias_and_mask,
+    softmax_attention,
+)
 from .norm import LayerNorm
 from .pos_embed import Rope, apply_rope
 
@@ -47,21 +53,6 @@ __all__ = [
 
 ATTN_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu1", "relu", "favor")
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def merge_bias_and_mask(
-    bias: torch.Tensor | None, mask: torch.Tensor | None, dtype: torch.dtype
-) -> torch.Tensor | None:
-    """Fold a boolean keep-mask into one additive float bias (``-inf`` where masked)."""
-    if mask is None:
-        return None if bias is None else bias.to(dtype)
-    if mask.dtype != torch.bool:
-        raise InputError(f"attention mask must be bool (True = attend), got {mask.dtype}")
-    neg = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-        ~mask, float("-inf")
-    )
-    return neg if bias is None else bias.to(dtype) + neg
 
 
 def orthogonal_gaussian(
@@ -327,63 +318,12 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out, attn = mix_heads(self, q, k, v, bias, mask, return_attn)
+        out, attn = mix_heads(self, q, k, v, bias, mask, return_attn or self.store_attn)
         if self.store_attn and attn is not None:
             self.last_attn = attn.detach()
         out = out.transpose(-3, -2).flatten(-2)  # (..., N, C)
         out = self.proj_drop(self.proj(out))
         return (out, attn) if return_attn else out
-
-    def _softmax(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        bias: torch.Tensor | None,
-        mask: torch.Tensor | None,
-        return_attn: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """SDPA or the explicit path: ``(..., h, N, d)`` and the weights (None from SDPA)."""
-        fused = self._fused_wins(q, return_attn)
-        # bf16/fp16 inference on the explicit path adds the bias in fp32 (the logits promote)
-        # and takes an fp32 softmax: on CPU 1.5x faster than the bf16 kernel on Swin windows.
-        # Under autograd the fp32 backward costs more than that saves (10-13% slower steps).
-        up = (
-            bias is not None
-            and not fused
-            and not q.requires_grad
-            and q.dtype in (torch.bfloat16, torch.float16)
-        )
-        attn_bias = merge_bias_and_mask(bias, mask, torch.float32 if up else q.dtype)
-
-        if fused:
-            drop = self.attn_drop.p if self.training else 0.0
-            folded = q.dim() > 4
-            if folded:
-                # CPU SDPA kernels take (B, h, N, d); more leading dims fall back to the slow
-                # math path (2x slower on Swin windows). Fold them, expanding the bias to match.
-                lead_shape = q.shape[:-3]
-                if attn_bias is not None:
-                    full = (*q.shape[:-1], k.shape[-2])  # (..., h, N, N)
-                    attn_bias = attn_bias.expand(full).reshape(-1, *full[-3:])
-                q, k, v = q.flatten(0, -4), k.flatten(0, -4), v.flatten(0, -4)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=drop)
-            out = out.unflatten(0, lead_shape) if folded else out  # (..., h, N, d)
-            attn = None
-        else:
-            if q.requires_grad and not torch.compiler.is_compiling():
-                # Eager training: q, k, v as contiguous blocks rather than strided views of qkv
-                # made Swin-T fp32 training steps ~5% faster (bf16 ~1%); in inference the strided
-                # views measured 4-7% faster, and graphs (compile, export) need neither.
-                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-            logits = (q * self.scale) @ k.transpose(-2, -1)  # (..., h, N, N)
-            if attn_bias is not None:
-                logits = logits + attn_bias
-            attn = logits.softmax(dim=-1).to(v.dtype)
-            if mask is not None:  # a query with no allowed key gets zeros, as in SDPA, not NaN
-                attn = attn.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-            out = self.attn_drop(attn) @ v  # (..., h, N, d)
-        return out, attn
 
     def _linear(
         self,
@@ -424,21 +364,6 @@ class Attention(nn.Module):
                 attn = (scores / (scores.sum(-1, keepdim=True) + self.eps)).to(dtype)
         return out.to(dtype), attn
 
-    def _fused_wins(self, q: torch.Tensor, return_attn: bool) -> bool:
-        """SDPA unless the weights are wanted or the explicit path measured faster, which is:
-
-        - windows (extra leading dims) under autograd: SDPA's backward would run on the folded,
-          materialised bias through its math path; broadcasting the bias explicitly makes a
-          Swin-T training step 1.1-1.3x faster (without autograd the folded SDPA is as fast);
-        - bf16 on CPU: SDPA's kernels lose to two bf16 matmuls around a softmax (ViT-S layer at
-          batch 16: 1.7x faster forward, 2.3x forward+backward; Swin-T windows 1.7x / 9x).
-        """
-        if not self.fused or return_attn or self.store_attn:
-            return False
-        windowed_grad = q.dim() > 4 and q.requires_grad
-        cpu_bf16 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
-        return not (windowed_grad or cpu_bf16)
-
     def extra_repr(self) -> str:
         if self.feature_map is not None:
             return f"heads={self.num_heads}, head_dim={self.head_dim}, attn_type=linear"
@@ -452,17 +377,20 @@ def mix_heads(
     v: torch.Tensor,
     bias: torch.Tensor | None,
     mask: torch.Tensor | None,
-    return_attn: bool,
+    want_attn: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``attn``'s linear or softmax attention on ``(..., h, N, d)`` heads, and its weights.
+    """``attn``'s linear or softmax attention on ``(..., h, N, d)`` heads, and its weights
+    (``want_attn``, or where the explicit path forms them anyway).
 
     An fx leaf function (``torch.fx.wrap``): the path it picks reads the dtype, device, rank
     and autograd state of ``q``, which ``torch.fx.symbolic_trace`` does not know, so a traced
     graph calls it and it picks the eager path at run time.
     """
     if attn.feature_map is not None:
-        return attn._linear(q, k, v, bias, mask, return_attn or attn.store_attn)
-    return attn._softmax(q, k, v, bias, mask, return_attn)
+        return attn._linear(q, k, v, bias, mask, want_attn)
+    drop = attn.attn_drop.p if attn.training else 0.0
+    need_weights = want_attn or not attn.fused  # SDPA or explicit: the dispatch picks
+    return softmax_attention(q, k, v, bias, mask, attn.scale, drop, need_weights)
 
 
 torch.fx.wrap("mix_heads")

@@ -48,6 +48,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from .. import __version__
 from ..config import config_to_dict
 from ..errors import CheckpointError, VisionTfmError
+from ..layers.attention_dispatch import warn_if_bf16_emulated
 from ..models.convert import check_finite
 from .checkpoint import atomic_save, check_fits, load_checkpoint
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, save_config
@@ -637,6 +638,8 @@ class Trainer:
                 f" x{world_size()} | lr {self.base_lr:.2e}",
                 flush=True,
             )
+            if cfg.run.precision != "fp32" and self.device.type == "cpu":  # bf16 autocast
+                warn_if_bf16_emulated("train with run.precision=fp32")
         prev = signal.signal(signal.SIGINT, self._on_sigint)  # on every rank
         metrics: dict[str, float] = {}
         train_loader, val_loader = self._train_loader(), self._val_loader()
