@@ -24,6 +24,7 @@ from vision_tfm.data.grasp import (
     read_cornell_rects,
     read_jacquard_grasps,
     split_ids,
+    to_input,
 )
 from vision_tfm.grasp import (
     MAP_KEYS,
@@ -224,6 +225,27 @@ def test_depth_holes_and_normalisation() -> None:
     np.testing.assert_allclose(norm, [[-1.5, -0.5], [0.5, 1.5]])
     clipped = normalise_depth(np.array([[0.0, 10.0], [1.0, 1.0]], np.float32), clip=1.0)
     np.testing.assert_allclose(clipped, [[-1.0, 1.0], [-1.0, -1.0]])  # mean 3
+
+
+def test_per_image_normalisation_by_hand() -> None:
+    rgb = np.zeros((2, 2, 3), np.uint8)
+    rgb[0] = 200  # half the pixels 200, half 0: mean 100, std 100 over all values
+    depth = np.array([[-0.1, 0.1], [-0.1, 0.1]], np.float32)  # already minus its mean
+    x = to_input(rgb, depth, "image")
+    np.testing.assert_allclose(x[:3, 0].numpy(), 1.0)
+    np.testing.assert_allclose(x[:3, 1].numpy(), -1.0)
+    np.testing.assert_allclose(x[3].numpy(), [[-1.0, 1.0], [-1.0, 1.0]], rtol=1e-6)
+    # lighting (gain and offset) and depth scale drop out per image, not with fixed statistics
+    lit = (rgb // 2 + 20).astype(np.uint8)
+    torch.testing.assert_close(to_input(lit, depth * 3, "image"), x)
+    fixed = to_input(rgb, depth)  # ImageNet RGB, depth untouched
+    np.testing.assert_allclose(fixed[0, 1].numpy(), -0.485 / 0.229, rtol=1e-6)
+    np.testing.assert_allclose(fixed[3].numpy(), depth)
+    ds = CornellGrasp(CORNELL / "01", ids=["pcd0100"], input="rgbd", normalise="image")
+    x0 = ds[0][0]
+    assert x0[:3].mean().abs() < 1e-4 and (x0[:3].std() - 1).abs() < 1e-3
+    assert x0[3].mean().abs() < 1e-4 and (x0[3].std() - 1).abs() < 1e-3
+    assert ds.recropped("grasps").normalise == "image"
 
 
 def test_split_ids() -> None:

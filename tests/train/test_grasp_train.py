@@ -33,7 +33,10 @@ TINY = {
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("grasp")
-    cfg = apply_overrides(GraspConfig(), {**TINY, "run.out_dir": str(out)})
+    # per-view normalisation, so predict_grasps must follow the checkpoint's setting to agree
+    # with validation (test_validation_and_predict_grasps_crop_alike)
+    over = {**TINY, "data.normalise": "image", "run.out_dir": str(out)}
+    cfg = apply_overrides(GraspConfig(), over)
     trainer = Trainer(cfg, GraspTask(cfg))
     metrics = trainer.fit()
     return trainer, metrics

@@ -201,11 +201,13 @@ class ExportSource:
         else:
             from ..data.grasp import DEPTH_CLIP, RGB_MEAN, RGB_STD
 
+            per_image = self.cfg.data.normalise == "image"
             info.update(
                 input=m.get("input"),
-                mean=RGB_MEAN.tolist(),
-                std=RGB_STD.tolist(),
-                depth=f"metres minus the view's mean, clipped to +-{DEPTH_CLIP}",
+                mean="per view" if per_image else RGB_MEAN.tolist(),
+                std="per view" if per_image else RGB_STD.tolist(),
+                depth=f"metres minus the view's mean, clipped to +-{DEPTH_CLIP}"
+                + (", then divided by its std" if per_image else ""),
                 width_scale=m.get("width_scale"),
                 crop_size=m.get("crop_size"),
             )
@@ -229,12 +231,19 @@ class ExportSource:
             "image centre (as validation and vtfm grasp crop)",
             "resize": [d.output_size, d.output_size],
             "interpolation": "area when shrinking, else bilinear (OpenCV)",
-            "rgb": "(pixel / 255 - mean) / std per channel",
+            "rgb": _RGB_STEPS[d.normalise],
             "depth": "metres; holes (NaN, inf, <= 0) filled by cv2.inpaint (Navier-Stokes, "
             "radius 1) on depth scaled to [0, 1], before the resize; then minus the crop's "
-            f"mean, clipped to +-{DEPTH_CLIP}",
+            f"mean, clipped to +-{DEPTH_CLIP}" + _DEPTH_STEPS[d.normalise],
             "layout": "NCHW float32",
         }
+
+
+_RGB_STEPS = {
+    "fixed": "(pixel / 255 - mean) / std per channel",
+    "image": "(pixel - m) / s, m and s the mean and std over all RGB values of the view",
+}
+_DEPTH_STEPS = {"fixed": "", "image": "; then minus its mean and divided by its std"}
 
 
 class ImageList(Dataset):

@@ -85,7 +85,7 @@ def predict_grasps(
     box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
     rgb_c, dep_c = crop_resize(rgb, dep, box, d.output_size)
     with torch.no_grad():
-        out = grasp_maps(model, to_input(rgb_c, dep_c)[None], cfg.eval.flip_tta)
+        out = grasp_maps(model, to_input(rgb_c, dep_c, d.normalise)[None], cfg.eval.flip_tta)
     maps = {k: out[k][0, 0].float().numpy() for k in MAP_KEYS}
     preds = decode_grasps(**maps, num_grasps=top_n, **cfg.eval.decode_kwargs(d.width_scale))
     scale = box[2] / d.output_size

@@ -34,7 +34,16 @@ from ..config import (
     check_ranges,
     config_to_dict,
 )
-from ..data.grasp import CROP_MODES, GraspAugment, GraspDataset, build_grasp_datasets, grasp_collate
+from ..data.grasp import (
+    CROP_MODES,
+    NORMALISE_MODES,
+    RGB_MEAN,
+    RGB_STD,
+    GraspAugment,
+    GraspDataset,
+    build_grasp_datasets,
+    grasp_collate,
+)
 from ..errors import CheckpointError
 from ..grasp import (
     MAP_KEYS,
@@ -80,6 +89,8 @@ class GraspDataConfig:
         crop_size: Square crop before resizing (0: shorter image side).
         train_crop: Where training views are cropped: "centre" (the image centre, as
             validation and deployment) or "grasps" (centred on the labels, GG-CNN).
+        normalise: Input normalisation: "fixed" (ImageNet RGB, depth in metres minus the
+            crop's mean) or "image" (RGB and depth each standardised per view).
         batch_size: Views per step.
         num_workers: DataLoader workers.
         augment: Grasp-aware augmentation for training.
@@ -105,6 +116,7 @@ class GraspDataConfig:
     output_size: int = 224
     crop_size: int = 300
     train_crop: str = "centre"
+    normalise: str = "fixed"
     batch_size: int = 8
     num_workers: int = 0
     augment: bool = True
@@ -141,6 +153,10 @@ class GraspDataConfig:
         if self.train_crop not in CROP_MODES:
             raise ConfigError(
                 f"data.train_crop must be one of {CROP_MODES}, got {self.train_crop!r}"
+            )
+        if self.normalise not in NORMALISE_MODES:
+            raise ConfigError(
+                f"data.normalise must be one of {NORMALISE_MODES}, got {self.normalise!r}"
             )
         if self.folds and not self.fold < self.folds:
             raise ConfigError(f"data.fold must be in [0, {self.folds}), got {self.fold}")
@@ -313,6 +329,7 @@ class GraspTask:
             input=d.input,
             output_size=d.output_size,
             crop_size=d.crop_size or None,
+            normalise=d.normalise,
             width_scale=d.width_scale,
             repeat=d.repeat,
             cache=d.cache,
@@ -411,7 +428,7 @@ class GraspTask:
         for i in range(min(4, len(rects))):
             view = {k: out[k][i, 0].numpy() for k in MAP_KEYS}
             preds = decode_grasps(**view, num_grasps=1, **self._decode_kw())
-            img = _display_image(x[i], self.cfg.data.input)
+            img = _display_image(x[i], self.cfg.data.input, self.cfg.data.normalise)
             draw_grasps(img, preds, rects[i], run_dir / f"val_overlay_{i}.png")
 
     def summary(self, metrics: dict[str, float]) -> str:
@@ -427,14 +444,13 @@ class GraspTask:
         return "\n".join(lines)
 
 
-def _display_image(x: torch.Tensor, input_mode: str) -> np.ndarray:
+def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -> np.ndarray:
     """Undo the input normalisation enough to show the view (RGB, or depth as gray)."""
-    if input_mode == "depth":
-        d = x[0].numpy()
-        d = (d - d.min()) / max(float(np.ptp(d)), 1e-6)
-        return (np.stack([d] * 3, -1) * 255).astype(np.uint8)
-    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
-    rgb = x[:3].permute(1, 2, 0).numpy() * std + mean
+    if input_mode == "depth" or normalise == "image":
+        v = x[:3].permute(1, 2, 0).numpy() if input_mode != "depth" else x[0, ..., None].numpy()
+        v = (v - v.min()) / max(float(np.ptp(v)), 1e-6)
+        return (np.broadcast_to(v, (*v.shape[:2], 3)) * 255).astype(np.uint8)
+    rgb = x[:3].permute(1, 2, 0).numpy() * RGB_STD + RGB_MEAN
     return (rgb.clip(0, 1) * 255).astype(np.uint8)
 
 

@@ -29,6 +29,7 @@ from .dataset import (
 )
 from .images import (
     DEPTH_CLIP,
+    NORMALISE_MODES,
     RGB_MEAN,
     RGB_STD,
     GraspAugment,
@@ -40,6 +41,7 @@ from .images import (
     load_rgb,
     normalise_depth,
     output_to_crop,
+    standardise,
     to_input,
 )
 
@@ -47,6 +49,7 @@ __all__ = [
     "CROP_MODES",
     "DEPTH_CLIP",
     "MAX_COORD",
+    "NORMALISE_MODES",
     "RGB_MEAN",
     "RGB_STD",
     "CornellGrasp",
@@ -74,5 +77,6 @@ __all__ = [
     "read_cornell_rects",
     "read_jacquard_grasps",
     "split_ids",
+    "standardise",
     "to_input",
 ]

@@ -42,6 +42,7 @@ from .annotations import (
 )
 from .images import (
     DEPTH_CLIP,
+    NORMALISE_MODES,
     GraspAugment,
     crop_box,
     crop_resize,
@@ -77,6 +78,7 @@ class GraspDataset(Dataset):
         output_size: int = 224,
         crop_size: int | None = None,
         crop: CropMode = "centre",
+        normalise: str = "fixed",
         augment: GraspAugment | None = None,
         width_scale: float = WIDTH_SCALE,
         depth_clip: float = DEPTH_CLIP,
@@ -92,6 +94,7 @@ class GraspDataset(Dataset):
             crop_size: Side of the square crop; None means the shorter image side.
             crop: Where the crop sits: ``"centre"`` of the image (deployment) or on the mean of
                 the ground-truth ``"grasps"`` (GG-CNN; training and paper comparison only).
+            normalise: Input normalisation, ``"fixed"`` or per ``"image"`` (see :func:`to_input`).
             augment: Applied after crop and resize (pass one only for training).
             width_scale: Width-map normaliser; must match decoding.
             depth_clip: See :func:`normalise_depth`.
@@ -115,6 +118,8 @@ class GraspDataset(Dataset):
             )
         if crop not in CROP_MODES:
             raise ValueError(f"crop must be one of {CROP_MODES}, got {crop!r}")
+        if normalise not in NORMALISE_MODES:
+            raise ValueError(f"normalise must be one of {NORMALISE_MODES}, got {normalise!r}")
         if input != "rgb":
             for v in views:
                 if v.depth_path is None:
@@ -133,6 +138,7 @@ class GraspDataset(Dataset):
         self.output_size = output_size
         self.crop_size = crop_size
         self.crop = crop
+        self.normalise = normalise
         self.augment = augment
         self.width_scale = width_scale
         self.depth_clip = depth_clip
@@ -172,7 +178,7 @@ class GraspDataset(Dataset):
         S = self.output_size
         maps = encode_grasp_maps(rects, (S, S), width_scale=self.width_scale)
         targets = {k: torch.from_numpy(maps[k][None]) for k in MAP_KEYS}
-        return to_input(rgb, depth), targets, rects
+        return to_input(rgb, depth, self.normalise), targets, rects
 
     def _load(self, view: GraspView) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
         """Decode one view and cut its crop: ``(rgb, depth, rects)`` at the output size."""
@@ -310,7 +316,8 @@ def build_grasp_datasets(
         train_crop: Crop of the training views (``"grasps"`` or ``"centre"``).
         repeat: Passes over the training views per epoch (see :class:`GraspDataset`).
         cache: Keep decoded crops in memory, both splits (see :class:`GraspDataset`).
-        **kwargs: Dataset options (``input``, ``output_size``, ``crop_size``, ``width_scale``);
+        **kwargs: Dataset options (``input``, ``output_size``, ``crop_size``, ``normalise``,
+            ``width_scale``);
             ``crop`` is set per split, not here.
 
     Returns:
@@ -348,6 +355,7 @@ def _options(ds: GraspDataset) -> dict[str, Any]:
         "output_size": ds.output_size,
         "crop_size": ds.crop_size,
         "crop": ds.crop,
+        "normalise": ds.normalise,
         "width_scale": ds.width_scale,
         "depth_clip": ds.depth_clip,
     }

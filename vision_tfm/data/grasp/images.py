@@ -1,7 +1,8 @@
 """Image side of a grasp view: decoding, depth cleaning, crops, normalisation, augmentation.
 
 Depth: holes (NaN, inf, <= 0) are filled with ``cv2.inpaint`` (Navier-Stokes), then the crop's
-mean is subtracted and the result clipped to ``±depth_clip`` metres. RGB is ImageNet-normalised.
+mean is subtracted and the result clipped to ``±depth_clip`` metres. RGB is ImageNet-normalised,
+or (``normalise="image"``) RGB and depth are each standardised on the view's own statistics.
 """
 
 from __future__ import annotations
@@ -76,14 +77,35 @@ def normalise_depth(depth: np.ndarray, clip: float = DEPTH_CLIP) -> np.ndarray:
     return np.clip(depth - depth.mean(), -clip, clip).astype(np.float32)
 
 
-def to_input(rgb: np.ndarray | None, depth: np.ndarray | None) -> torch.Tensor:
-    """Stack ImageNet-normalised RGB and depth into a ``(C, S, S)`` float32 tensor."""
+NORMALISE_MODES = ("fixed", "image")
+
+
+def standardise(x: np.ndarray) -> np.ndarray:
+    """Zero mean, unit std over the whole array: one mean and std for all channels, as
+    TensorFlow's ``per_image_standardization``, so colour ratios survive; a flat array -> 0."""
+    x = x.astype(np.float32)
+    return (x - x.mean()) / max(float(x.std()), 1e-6)
+
+
+def to_input(
+    rgb: np.ndarray | None, depth: np.ndarray | None, normalise: str = "fixed"
+) -> torch.Tensor:
+    """Stack normalised RGB and depth into a ``(C, S, S)`` float32 tensor.
+
+    ``normalise``: ``"fixed"`` gives ImageNet-normalised RGB and depth as it comes (metres
+    minus the crop's mean); ``"image"`` standardises RGB and depth per view, each on its own
+    statistics, so lighting and the camera's distance to the table do not shift the input.
+    """
     channels = []
     if rgb is not None:
-        channels.append(((rgb.astype(np.float32) / 255.0 - RGB_MEAN) / RGB_STD).transpose(2, 0, 1))
+        if normalise == "image":
+            rgb = standardise(rgb)
+        else:
+            rgb = (rgb.astype(np.float32) / 255.0 - RGB_MEAN) / RGB_STD
+        channels.append(rgb.transpose(2, 0, 1))
     if depth is not None:
-        channels.append(depth[None].astype(np.float32))
-    return torch.from_numpy(np.ascontiguousarray(np.concatenate(channels, axis=0)))
+        channels.append((standardise(depth) if normalise == "image" else depth)[None])
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(channels, axis=0), np.float32))
 
 
 # ---------------------------------------------------------------------------------------------
