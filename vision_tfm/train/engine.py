@@ -48,6 +48,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from .. import __version__
 from ..config import config_to_dict
 from ..errors import CheckpointError, VisionTfmError
+from ..layers import attention_dispatch
 from ..layers.attention_dispatch import warn_if_bf16_emulated
 from ..models.convert import check_finite
 from .checkpoint import atomic_save, check_fits, load_checkpoint
@@ -72,7 +73,7 @@ __all__ = [
     "make_run_dir",
 ]
 
-PRECISIONS = ("fp32", "amp", "bf16")
+PRECISIONS = ("fp32", "amp", "bf16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -286,8 +287,18 @@ class Trainer:
             return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         return torch.device(want)
 
-    def _autocast(self):
+    def precision(self) -> str:
+        """``run.precision`` with ``auto`` resolved for this device: fp16 AMP on CUDA, bf16
+        where the CPU computes it natively, fp32 where bf16 would be emulated (slower)."""
         p = self.cfg.run.precision
+        if p != "auto":
+            return p
+        if self.device.type == "cuda":
+            return "amp"
+        return "bf16" if attention_dispatch.cpu_native_bf16() else "fp32"
+
+    def _autocast(self):
+        p = self.precision()
         if p == "fp32":
             return contextlib.nullcontext()
         dt = self.device.type
@@ -358,7 +369,7 @@ class Trainer:
             warmup_prefix=True,
             t_in_epochs=False,
         )
-        use_scaler = cfg.run.precision == "amp" and self.device.type == "cuda"
+        use_scaler = self.precision() == "amp" and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
         self.state = _State()
         self.history: list[dict[str, Any]] = []
@@ -638,7 +649,7 @@ class Trainer:
                 f" x{world_size()} | lr {self.base_lr:.2e}",
                 flush=True,
             )
-            if cfg.run.precision != "fp32" and self.device.type == "cpu":  # bf16 autocast
+            if self.precision() != "fp32" and self.device.type == "cpu":  # bf16 autocast
                 warn_if_bf16_emulated("train with run.precision=fp32")
         prev = signal.signal(signal.SIGINT, self._on_sigint)  # on every rank
         metrics: dict[str, float] = {}
