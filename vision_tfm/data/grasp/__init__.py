@@ -40,6 +40,7 @@ from .images import (
     load_rgb,
     normalise_depth,
     output_to_crop,
+    resize_area,
     to_input,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "load_rgb",
     "normalise_depth",
     "output_to_crop",
+    "resize_area",
     "read_cornell_rects",
     "read_jacquard_grasps",
     "split_ids",
