@@ -72,9 +72,9 @@ __all__ = [
     "load_rgb",
     "normalise_depth",
     "output_to_crop",
-    "resize_area",
     "read_cornell_rects",
     "read_jacquard_grasps",
+    "resize_area",
     "split_ids",
     "to_input",
 ]
