@@ -160,7 +160,7 @@ def grasp_input(rgb_path: str, depth_path: str | None, meta: dict) -> tuple[np.n
     with Image.open(rgb_path) as im:
         rgb = np.asarray(im.convert("RGB"))
     H, W = rgb.shape[:2]
-    side = min(meta["crop_size"] or min(H, W), H, W)
+    side = min(pre["crop"]["size"] or min(H, W), H, W)
     x0, y0 = (W - side) // 2, (H - side) // 2
     channels = []
     if pre["channels"][0] == "R":
@@ -175,7 +175,7 @@ def grasp_input(rgb_path: str, depth_path: str | None, meta: dict) -> tuple[np.n
         if depth.shape != (H, W):
             raise SystemExit(f"depth {depth.shape} does not match image {(H, W)}: {depth_path}")
         d = resize_area(fill_holes(depth[y0 : y0 + side, x0 : x0 + side]), S)
-        clip = np.float32(meta["depth_clip"])
+        clip = np.float32(pre["depth"]["clip"])
         channels.append(np.clip(d - np.float32(d.mean(dtype=np.float64)), -clip, clip))
     return np.stack(channels)[None].astype(np.float32), (x0, y0, side)
 
@@ -253,7 +253,7 @@ def find_grasps(
     pk = post["peaks"]
     S = meta["preprocess"]["resize"]["size"][0]
     scale = np.float32(S / side)
-    width_scale, out = meta["width_scale"], []
+    width_scale, out = post["grasp"]["width_scale"], []
     for r, c in local_peaks(f["quality"], pk["min_distance"], pk["threshold"], top):
         a = 0.5 * math.atan2(f["sin"][r, c], f["cos"][r, c])
         opening = float(f["width"][r, c]) * width_scale

@@ -107,9 +107,9 @@ class BenchOptions:
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
     data: str | None = None  # dataset folder replacing data.root; with model: the images
     memory: bool = True  # peak RSS per format, one child process each
-    model: str | None = None  # a registered classifier instead of a checkpoint
+    model: str | None = None  # a registered model instead of a checkpoint
     img_size: int | None = None  # with model: the input side (default: its registered size)
-    weights: str | None = None  # with model: timm / torchvision / official weights to convert
+    weights: str | None = None  # with a classifier model: timm / torchvision / official weights
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchOptions:

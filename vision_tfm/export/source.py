@@ -546,7 +546,8 @@ def grasp_preprocess(cfg: Any) -> dict[str, Any]:
             "depth": "Pillow Image.open, read as float32 metres (H, W), the RGB image's size",
         },
         "crop": {
-            "side": f"min({d.crop_size or 'the short side'}, H, W)" if d.crop_size else "min(H, W)",
+            "size": d.crop_size or None,
+            "side": "min(size, H, W); min(H, W) when size is null",
             "offset": "x0 = (W - side) // 2, y0 = (H - side) // 2 (the image centre, floored)",
         },
         "resize": {
@@ -559,13 +560,14 @@ def grasp_preprocess(cfg: Any) -> dict[str, Any]:
             "reference": "vision_tfm.data.grasp.images.resize_area",
         },
         "depth": {
+            "clip": DEPTH_CLIP,
             "holes": "NaN, inf or <= 0, filled on the crop before the resize: in rounds until "
             "none is left, every hole with a valid pixel among its 8 neighbours becomes the "
             "float64 sum of those neighbours divided by their count, stored as float32, and "
             "is valid from the next round on; a crop without any valid pixel becomes zeros "
             "(reference: vision_tfm.data.grasp.images.fill_depth_holes)",
             "normalise": "after the resize: mean over the map in float64, cast to float32; "
-            f"float32 (d - mean) clipped to [-{DEPTH_CLIP}, {DEPTH_CLIP}]",
+            "float32 (d - mean) clipped to [-clip, clip] metres",
         },
         "rgb": {
             "mean": RGB_MEAN.tolist(),
@@ -615,7 +617,8 @@ def grasp_postprocess(cfg: Any) -> dict[str, Any]:
             "angle": "0.5 * atan2(sin, cos) at the peak, wrapped into [-pi/2, pi/2) as "
             "((a + pi/2) mod pi) - pi/2: radians from the image +x axis to the opening "
             "direction, counter-clockwise on screen (y points down)",
-            "opening": f"width * width_scale ({kw['width_scale']}) map pixels",
+            "width_scale": kw["width_scale"],
+            "opening": "width * width_scale map pixels",
             "jaw": "opening * 0.5",
             "quality": "filtered q at the peak",
         },
