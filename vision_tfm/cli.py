@@ -297,11 +297,14 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--checkpoint")
     src.add_argument(
         "--model",
-        help="a registered classifier instead (needs --data, a folder of real images): "
-        "speed, memory and agreement with fp32, no accuracy",
+        help="a registered model instead (needs --data: a folder of real images, or a "
+        "Cornell/Jacquard folder for a grasp model): speed, memory and agreement with fp32, "
+        "no accuracy",
     )
     bm.add_argument("--img-size", type=int, help="with --model: input side (default: its own)")
-    bm.add_argument("--weights", help="with --model: timm/torchvision weights (default: random)")
+    bm.add_argument(
+        "--weights", help="with a classifier --model: timm/torchvision weights (default: random)"
+    )
     bm.add_argument(
         "--memory",
         action=argparse.BooleanOptionalAction,

@@ -9,6 +9,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -236,7 +237,9 @@ def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "model.json").read_text())
     assert meta["task"] == "grasp" and meta["parity"]["ok"] and meta["in_chans"] == 4
     assert meta["preprocess"]["channels"] == ["R", "G", "B", "D"]
-    assert meta["preprocess"]["resize"] == [32, 32] and "inpaint" in meta["preprocess"]["depth"]
+    pre, post = meta["preprocess"], meta["postprocess"]
+    assert pre["contract"] == "vision_tfm.grasp.preprocess/1" and pre["resize"]["size"] == [32, 32]
+    assert "8 neighbours" in pre["depth"]["holes"] and post["filter"]["sigma"]["quality"] == 2.0
 
 
 def test_data_root_that_moved_is_named_and_data_points_at_it(
@@ -698,7 +701,7 @@ def test_benchmark_of_a_registered_model_without_checkpoint(tmp_path: Path, caps
     assert "--data" in fail(capsys, *common, "--out", tmp_path / "c")
     assert "--model" in fail(capsys, "benchmark", "--checkpoint", "x.pt", "--img-size", "32")
     err = fail(capsys, *args, "--model", "grasp_hybrid_t", "--out", tmp_path / "d")
-    assert "grasp" in err
+    assert "no Cornell views" in err  # a grasp model needs RGB-D views, not plain images
 
 
 def test_model_source_converts_timm_weights(tmp_path: Path) -> None:
@@ -715,3 +718,158 @@ def test_model_source_converts_timm_weights(tmp_path: Path) -> None:
     x = torch.randn(2, 3, 32, 32)
     assert (src.torch_runner()(x)[0] - ref(x)).abs().max().item() <= 1e-5
     assert src.describe()["checkpoint"] == "timm.pth" and src.meta["weights"] == "timm.pth"
+
+
+@pytest.fixture(scope="module")
+def trained_grasp(tmp_path_factory) -> tuple[Path, float]:
+    """The tiny grasp model trained 1 epoch on the Cornell fixture (2 train views, 1 val), and
+    the val grasp accuracy of its shipped weights."""
+    return _train_tiny_grasp(tmp_path_factory.mktemp("grasp_run"))
+
+
+def _train_tiny_grasp(out_dir: Path, **extra: Any) -> tuple[Path, float]:
+    from vision_tfm.train import Trainer
+    from vision_tfm.train.grasp import GraspTask
+
+    over = {
+        "model.name": "grasp_hybrid_t",
+        "model.kwargs": TINY["grasp_hybrid_t"],
+        "data.root": str(FIXTURES / "cornell"),
+        "data.output_size": 32,
+        "data.train_frac": 0.67,
+        "data.batch_size": 2,
+        "sched.epochs": 1,
+        "run.tensorboard": False,
+        "run.plots": False,
+        "run.out_dir": str(out_dir),
+        **extra,
+    }
+    cfg = apply_overrides(GraspConfig(), over)
+    trainer = Trainer(cfg, GraspTask(cfg))
+    metrics = trainer.shipped_metrics(trainer.fit())
+    return trainer.run_dir / "best.pt", metrics["grasp_acc"]
+
+
+def test_grasp_benchmark_scores_grasps_in_every_format(trained_grasp, tmp_path: Path) -> None:
+    """Grasp accuracy on the deployment crop, top-grasp agreement and map diffs per format;
+    static int8 quantises the conv stem too; no absolute path in the shared JSON."""
+    import onnx
+
+    ckpt, acc = trained_grasp
+    has_ov = importlib.util.find_spec("openvino") is not None
+    formats = "torch,onnx,onnx-int8-dynamic,onnx-int8-static" + (",openvino" if has_ov else "")
+    keep = tmp_path / "k"
+    result = openvino_benchmark(
+        ckpt, tmp_path / "b", formats, "--no-memory", "--keep-exports", str(keep)
+    )
+    rows = {r["format"]: r for r in result["rows"]}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    ref = rows["torch"]
+    assert result["metric_name"] == "grasp_acc" and ref["metric"] == pytest.approx(acc)
+    for fmt in ("onnx", "openvino") if has_ov else ("onnx",):
+        r = rows[fmt]
+        assert r["max_abs_diff"] <= 1e-4 and r["top1_agreement"] == 1.0
+        assert r["metric"] == ref["metric"]
+    for fmt in ("onnx-int8-dynamic", "onnx-int8-static"):
+        r = rows[fmt]
+        assert r["metric_delta"] == pytest.approx(r["metric"] - ref["metric"])
+        assert 0 <= r["top1_agreement"] <= 1 and r["max_abs_diff"] > 0
+    md = (tmp_path / "b" / "benchmark.md").read_text()
+    assert "| top grasp agree |" in md and "cropped at the image centre" in md
+    text = (tmp_path / "b" / "benchmark.json").read_text()
+    assert result["checkpoint"] == "best.pt" and str(ckpt.parent) not in text
+    assert str(ckpt.parent) not in (keep / "model-opset18.json").read_text()
+    graph = onnx.load(str(keep / "onnx-int8-static.onnx")).graph
+    made_by = {o: n.op_type for n in graph.node for o in n.output}
+    stem = next(n for n in graph.node if n.op_type == "Conv")
+    assert [made_by.get(i) for i in stem.input[:2]] == ["DequantizeLinear"] * 2
+
+
+def test_benchmark_of_a_grasp_model_without_checkpoint(tmp_path: Path, capsys) -> None:
+    """--model grasp_*: speed and agreement rows on real RGB-D views, no accuracy column."""
+    common = ("benchmark", "--model", "grasp_hybrid_t", "--img-size", "32", "--threads", "1")
+    args = (*common, "--quick", "--no-memory", "--data", FIXTURES / "cornell")
+    vtfm(*args, "--formats", "torch,onnx,onnx-int8-dynamic", "--out", tmp_path / "b")
+    out = capsys.readouterr().out
+    assert "| top grasp agree |" in out and "no accuracy column" in out and "random" in out
+    result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
+    assert result["task"] == "grasp" and result["metric_name"] is None
+    assert result["val_images"] == 3 and result["img_size"] == [32, 32]
+    assert f"falls on {result['fp32_top_grasp_pixels']} distinct pixels" in out
+    assert result["images"] == "cornell" and str(FIXTURES) not in json.dumps(result)
+    rows = {r["format"]: r for r in result["rows"]}
+    assert rows["onnx"]["max_abs_diff"] <= 1e-4 and rows["onnx"]["top1_agreement"] == 1.0
+    assert rows["onnx-int8-dynamic"]["max_abs_diff"] > 0
+    assert "--ema" in fail(capsys, *args, "--ema", "--out", tmp_path / "c")
+    assert "grasp model" in fail(capsys, *args, "--weights", __file__, "--out", tmp_path / "d")
+
+
+def test_grasp_fp32_exports_match_pytorch_at_three_sizes(trained_grasp, tmp_path: Path) -> None:
+    """onnxruntime (in the export's parity check) and OpenVINO within 1e-4 of PyTorch on real
+    views at three sizes through one dynamic-H/W graph."""
+    ckpt, _ = trained_grasp
+    out = tmp_path / "g.onnx"
+    vtfm("export", "--checkpoint", ckpt, "--dynamic", "batch,hw", "--out", out)
+    checks = json.loads(out.with_suffix(".json").read_text())["parity"]["checks"]
+    assert len({tuple(c["shape"][2:]) for c in checks}) >= 3
+    assert all(c["max_abs_diff"] <= 1e-4 for c in checks), checks
+    if importlib.util.find_spec("openvino") is None:
+        return
+    code = (  # a child process: see openvino_benchmark
+        "import json, sys\n"
+        "from vision_tfm.export.onnx import parity_inputs\n"
+        "from vision_tfm.export.openvino import openvino_runner\n"
+        "from vision_tfm.export.source import load_source, max_abs_diff\n"
+        "src = load_source(sys.argv[1])\n"
+        "run, precision = openvino_runner(sys.argv[2], 1)\n"
+        "xs = parity_inputs(src, src.img_size, frozenset({'batch', 'hw'}))\n"
+        "diffs = [max_abs_diff(run(x), src.torch_runner()(x)) for x in xs]\n"
+        "print(json.dumps([precision, [list(x.shape) for x in xs], diffs]))\n"
+    )
+    cmd = [sys.executable, "-c", code, str(ckpt), str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    precision, shapes, diffs = json.loads(done.stdout.splitlines()[-1])
+    assert precision == "fp32" and len({tuple(s[2:]) for s in shapes}) >= 3
+    assert max(diffs) <= 1e-4, diffs
+
+
+@pytest.mark.parametrize("normalise", ["fixed", "image"])
+def test_onnx_client_finds_vtfm_grasps_top_grasps(
+    trained_grasp, normalise: str, tmp_path: Path, capsys
+) -> None:
+    """examples/onnx_client.py decodes an RGB-D pair from model.json alone, holes included,
+    with either input normalisation."""
+    from PIL import Image
+
+    from vision_tfm.data.grasp import load_depth
+    from vision_tfm.grasp import angle_difference, predict_grasps
+
+    if normalise == "fixed":
+        ckpt, _ = trained_grasp
+    else:
+        ckpt, _ = _train_tiny_grasp(tmp_path / "run", **{"data.normalise": "image"})
+    model = tmp_path / "model.onnx"
+    vtfm("export", "--checkpoint", ckpt, "--out", model)
+    view = FIXTURES / "cornell" / "01"
+    rgb, depth = view / "pcd0100r.png", view / "pcd0100d.tiff"
+    holed = load_depth(depth).copy()  # the centre crop spans x 170..469, y 90..389
+    holed[150:200, 250:330], holed[300:304, 400:420], holed[90:93, 170:470] = 0, np.nan, 0
+    Image.fromarray(holed).save(tmp_path / "holed.tiff")
+    client = Path(__file__).resolve().parents[2] / "examples" / "onnx_client.py"
+    capsys.readouterr()
+    for dep in (depth, tmp_path / "holed.tiff"):
+        cmd = [sys.executable, str(client), str(model), str(rgb), "--depth", str(dep), "--top"]
+        done = subprocess.run([*cmd, "3", "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = json.loads(done.stdout)
+        ref, _ = predict_grasps(ckpt, rgb, dep, 3)
+        assert len(got) == len(ref) >= 1, dep.name
+        for g, r in zip(got, ref):
+            assert abs(g["x"] - r.x) <= 1e-4 and abs(g["y"] - r.y) <= 1e-4, dep.name
+            assert angle_difference(g["angle"], r.angle) <= 1e-5, dep.name
+            assert g["opening"] == pytest.approx(r.opening, rel=1e-4)
+        printed = subprocess.run([*cmd, "3"], capture_output=True, text=True, timeout=120)
+        png = tmp_path / f"{dep.stem}.png"
+        vtfm("grasp", "--checkpoint", ckpt, rgb, "--depth", dep, "--top", "3", "--out", png)
+        assert capsys.readouterr().out.splitlines()[:-1] == printed.stdout.splitlines()

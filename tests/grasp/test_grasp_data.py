@@ -23,6 +23,7 @@ from vision_tfm.data.grasp import (
     normalise_depth,
     read_cornell_rects,
     read_jacquard_grasps,
+    resize_area,
     split_ids,
     to_input,
 )
@@ -246,6 +247,36 @@ def test_per_image_normalisation_by_hand() -> None:
     assert x0[:3].mean().abs() < 1e-4 and (x0[:3].std() - 1).abs() < 1e-3
     assert x0[3].mean().abs() < 1e-4 and (x0[3].std() - 1).abs() < 1e-3
     assert ds.recropped("grasps").normalise == "image"
+
+
+def test_holes_fill_in_rounds_from_their_valid_neighbours() -> None:
+    """The stated rule, exactly: model.json promises it to runtimes without vision_tfm."""
+    depth = np.arange(1, 26, dtype=np.float32).reshape(5, 5)
+    depth[1:4, 1:4] = 0.0  # a 3x3 hole: its ring fills first, its centre next
+    filled = fill_depth_holes(depth)
+    assert filled[1, 1] == np.float32((1 + 2 + 3 + 6 + 11) / 5)
+    assert filled[1, 2] == np.float32((1 + 2 + 3 + 4 + 5) / 5)  # a neighbour hole is no source
+    ring = [filled[r, c] for r in (1, 2, 3) for c in (1, 2, 3) if (r, c) != (2, 2)]
+    assert filled[2, 2] == np.float32(np.sum(np.float64(ring)) / 8)
+    assert (filled[0] == depth[0]).all() and filled.dtype == np.float32
+
+
+def test_area_resize_is_opencvs_inter_area_when_shrinking() -> None:
+    """The numpy resize replaced cv2.INTER_AREA: trained models see the same inputs."""
+    import cv2
+
+    rng = np.random.default_rng(0)
+    for shape, size in (((300, 300, 3), 224), ((97, 97), 32), ((1024, 1024), 224)):
+        u8 = rng.integers(0, 256, shape, dtype=np.uint8)
+        ref = cv2.resize(u8, (size, size), interpolation=cv2.INTER_AREA).astype(int)
+        diff = np.abs(resize_area(u8, size).astype(int) - ref)
+        assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, shape
+        f32 = rng.random(shape, dtype=np.float32)
+        out = resize_area(f32, size)
+        ref = cv2.resize(f32, (size, size), interpolation=cv2.INTER_AREA)
+        assert out.dtype == np.float32 and np.abs(out - ref).max() < 1e-6, shape
+    up = resize_area(np.array([[0.0, 4.0], [8.0, 12.0]], np.float32), 4)
+    np.testing.assert_array_equal(up, np.repeat(np.repeat([[0, 4], [8, 12]], 2, 0), 2, 1))
 
 
 def test_split_ids() -> None:

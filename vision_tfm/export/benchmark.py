@@ -9,9 +9,15 @@ reported as median and p90, throughput as images per second at the median batch 
 Peak memory is measured apart from the timing, one fresh process per format
 (:mod:`.memory`).
 
-Without a checkpoint (``--model NAME``), any registered classifier gets speed, memory and
-agreement rows: random or converted weights, compared with fp32 PyTorch on a folder of real
-images. Those carry no labels, so there is no accuracy column.
+On a grasp checkpoint the metric is grasp accuracy on its val views, cropped at the image
+centre as deployment crops them; agreement is that of each view's top grasp with fp32
+PyTorch's (same peak pixel, angle within 30 degrees), and the max abs diff is over the four
+activated maps.
+
+Without a checkpoint (``--model NAME``), any registered model gets speed, memory and
+agreement rows: random or converted weights, compared with fp32 PyTorch on real images (a
+grasp dataset's views for a grasp model). Their labels are not used, so there is no accuracy
+column.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ FORMATS = (
 # exported formats held to the fp32 tolerance against PyTorch on the val images
 FP32_FORMATS = ("onnx", f"onnx-opset{ATTENTION_OPSET}", "openvino")
 TABLE_FILES = ("benchmark.md", "benchmark.csv", "benchmark.json")
+_PATH_SETTINGS = ("data", "calib_data", "weights")  # recorded by name: no machine layout
 MAX_SECONDS = 3600.0
 """Longest ``--seconds`` per format: an hour is already far past a stable median."""
 
@@ -101,9 +108,9 @@ class BenchOptions:
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
     data: str | None = None  # dataset folder replacing data.root; with model: the images
     memory: bool = True  # peak RSS per format, one child process each
-    model: str | None = None  # a registered classifier instead of a checkpoint
+    model: str | None = None  # a registered model instead of a checkpoint
     img_size: int | None = None  # with model: the input side (default: its registered size)
-    weights: str | None = None  # with model: timm / torchvision / official weights to convert
+    weights: str | None = None  # with a classifier model: timm / torchvision / official weights
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchOptions:
@@ -138,6 +145,8 @@ class BenchOptions:
             raise ValueError(f"--atol must be a finite number >= 0, got {self.atol}")
         if self.model is None and (self.img_size or self.weights):
             raise ValueError("--img-size and --weights go with --model (a checkpoint has both)")
+        if self.model is not None and self.ema is not None:
+            raise ValueError("--ema and --no-ema choose a checkpoint's weights; --model has none")
         if self.model is not None:
             if self.data is None:
                 raise ValueError("--model needs --data: a folder of real images to compare on")
@@ -376,9 +385,10 @@ def benchmark_checkpoint(
             builder.describe_files()
     uses_openvino = any(f.startswith("openvino") for f in opts.formats)
     return {
-        "checkpoint": None if opts.model else os.path.abspath(checkpoint),
+        # the name only: the JSON is shared, a path would leak the machine's layout
+        "checkpoint": None if opts.model else Path(checkpoint).name,
         "weights": source.meta.get("weights"),  # with --model
-        "images": str(opts.data) if opts.model else None,
+        "images": Path(opts.data).name if opts.model else None,
         "img_size": list(source.img_size),
         "model_name": source.model_name,
         "metric_name": source.metric_name,
@@ -387,6 +397,11 @@ def benchmark_checkpoint(
         "fp32_top1_classes": (
             len(ref.outputs[0].argmax(1).unique()) if ref.outputs[0].ndim == 2 else None
         ),
+        # the same for grasps: random weights may put every view's top grasp on one pixel
+        "fp32_top_grasp_pixels": (
+            len({t[:2] for t in ref.top_grasps if t}) if ref.top_grasps is not None else None
+        ),
+        "task": source.task,
         "threads": opts.threads,
         "batch": opts.batch,
         "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
@@ -398,7 +413,11 @@ def benchmark_checkpoint(
             "onnxruntime": ort.__version__,
             **({"openvino": openvino_version()} if uses_openvino else {}),
         },
-        "settings": {k: v for k, v in asdict(opts).items() if k != "formats"},
+        "settings": {
+            k: Path(v).name if k in _PATH_SETTINGS and v else v
+            for k, v in asdict(opts).items()
+            if k != "formats"
+        },
         "bf16_note": bf16_note,
         "rows": [asdict(r) for r in rows],
     }
@@ -440,8 +459,11 @@ _FORMATS = {
 def markdown_table(result: dict[str, Any]) -> str:
     """The table as Markdown, with the context a reader needs to trust the numbers below it."""
     metric = result["metric_name"]
+    grasp = result.get("task") == "grasp"
     columns = [c for c in COLUMNS if metric or c not in ("metric", "metric_delta")]
     heads = [_HEADERS[c].format(metric=metric, batch=result["batch"]) for c in columns]
+    if grasp:
+        heads[columns.index("top1_agreement")] = "top grasp agree"
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in result["rows"]:
         cells = []
@@ -452,21 +474,33 @@ def markdown_table(result: dict[str, Any]) -> str:
     ceil = ", ".join(f"{k} {v:.0f}" for k, v in result["ceiling_gflops"].items())
     s = result["settings"]
     size = "x".join(map(str, result["img_size"]))
+    outputs = "the four activated maps" if grasp else "logits"
     if metric:
+        views = "val views cropped at the image centre (deployment)" if grasp else "val images"
         what = (
             f"{result['model_name']} ({result['checkpoint']}), {metric} on "
-            f"{result['val_images']} val images"
+            f"{result['val_images']} {views}"
         )
     else:
+        spread = (
+            f"its top grasp falls on {result['fp32_top_grasp_pixels']} distinct pixels"
+            if grasp
+            else f"its top-1 takes {result['fp32_top1_classes']} distinct classes"
+        )
         what = (
             f"{result['model_name']} at {size}, {result['weights']} weights: no accuracy "
-            f"column, the {result['val_images']} images ({result['images']}) carry no labels; "
-            "agreement and max abs diff (logits) are against fp32 PyTorch on them, where its "
-            f"top-1 takes {result['fp32_top1_classes']} distinct classes"
+            f"column, the {result['val_images']} images ({result['images']}) are used without "
+            f"labels; agreement and max abs diff ({outputs}) are against fp32 PyTorch on them, "
+            f"where {spread}"
         )
         static = any(r["format"] == "onnx-int8-static" for r in result["rows"])
         if static and not s["calib_data"]:
             what += " (and static int8 is calibrated on them: pass --calib-data to keep apart)"
+    if grasp:
+        what += (
+            "; top grasp agree: the view's best grasp is on fp32 PyTorch's peak pixel with the "
+            f"angle within 30 degrees; max abs diff over {outputs}"
+        )
     lines += [
         "",
         f"{what}; {result['machine']}; {result['threads']} threads.",

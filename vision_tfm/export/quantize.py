@@ -32,7 +32,13 @@ from onnxruntime.quantization import (
 
 from .source import INPUT_NAME, ExportSource, ImageList, list_images
 
-__all__ = ["INT8_MODES", "TensorCalibrationReader", "calibration_images", "quantize_int8"]
+__all__ = [
+    "INT8_MODES",
+    "TensorCalibrationReader",
+    "calibration_images",
+    "grasp_views",
+    "quantize_int8",
+]
 
 INT8_MODES = ("dynamic", "static")
 DYNAMIC_OPS = ("MatMul",)
@@ -169,7 +175,7 @@ def calibration_images(
         if not calib_data.exists():
             raise FileNotFoundError(f"calibration data not found: {calib_data}")
     if source.task == "grasp":
-        ds = source.datasets()[0] if calib_data is None else _grasp_folder(source, calib_data)
+        ds = source.datasets()[0] if calib_data is None else grasp_views(source.cfg, calib_data)
         return _sample(len(ds), n, seed, lambda i: ds[i][0])
     if calib_data is None:
         ds = source.datasets()[0]
@@ -184,11 +190,12 @@ def _sample(total: int, n: int, seed: int, get: Any) -> torch.Tensor:
     return torch.stack([get(int(i)) for i in idx])
 
 
-def _grasp_folder(source: ExportSource, root: Path) -> Any:
-    """A grasp dataset of the checkpoint's kind under ``root`` (RGB-D needs its own reader)."""
+def grasp_views(cfg: Any, root: Path) -> Any:
+    """Every view of a grasp dataset of ``cfg``'s kind under ``root``, cropped and resized as
+    validation does (RGB-D needs its own reader)."""
     from ..data.grasp import build_grasp_datasets
 
-    d = source.cfg.data
+    d = cfg.data
     train, val, _ = build_grasp_datasets(
         d.dataset,
         root,

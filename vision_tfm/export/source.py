@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from ..grasp import MAP_KEYS, GraspMaps, batch_grasp_correct
+from ..grasp import ANGLE_THRESHOLD, MAP_KEYS, GraspMaps, angle_difference, decode_grasps
+from ..grasp.metric import grasp_correct
+from ..grasp.predict import flip_averaged
 from ..models import get_model_entry
 from ..train.checkpoint import load_checkpoint
 from ..train.config import config_hash
@@ -49,13 +51,26 @@ class Evaluation:
 
     metric: float | None
     outputs: list[torch.Tensor]  # one per output name, concatenated over the batches
+    top_grasps: list[tuple[float, float, float] | None] | None = None  # (x, y, angle) per view
 
     def top1_agreement(self, ref: Evaluation) -> float | None:
-        """Share of images whose top-1 class matches ``ref`` (None for dense outputs)."""
+        """Share of images whose top-1 class matches ``ref``; for grasp maps, whose top grasp
+        does (:func:`same_grasp`)."""
+        if self.top_grasps is not None and ref.top_grasps is not None:
+            pairs = zip(self.top_grasps, ref.top_grasps, strict=True)
+            return sum(same_grasp(a, b) for a, b in pairs) / max(len(self.top_grasps), 1)
         if self.outputs[0].ndim != 2:
             return None
         same = self.outputs[0].argmax(1) == ref.outputs[0].argmax(1)
         return same.float().mean().item()
+
+
+def same_grasp(a: tuple[float, float, float] | None, b: tuple[float, float, float] | None) -> bool:
+    """Two top grasps ``(x, y, angle)`` agree on the same peak pixel with angles within the
+    rectangle metric's 30 degrees (modulo pi); two views without a grasp agree too."""
+    if a is None or b is None:
+        return a is b
+    return a[:2] == b[:2] and angle_difference(a[2], b[2]) <= ANGLE_THRESHOLD
 
 
 def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -156,24 +171,36 @@ class ExportSource:
         return list(DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collate))
 
     def evaluate(self, runner: Runner, batches: Sequence[tuple]) -> Evaluation:
-        """Run every batch through ``runner`` and score it with the checkpoint's metric."""
+        """Run every batch through ``runner`` and score it with the checkpoint's metric.
+
+        Grasp maps are decoded as validation decodes them (``eval.flip_tta`` included) into
+        each view's top grasp, which the rectangle metric scores on labelled views.
+        """
         hits, n, outs = 0, 0, []
+        tops: list[tuple[float, float, float] | None] | None = None
         for batch in batches:
             x = batch[0]
-            out = [t.float() for t in runner(x)]
-            outs.append(out)
-            if self.metric_name is None:
-                pass
-            elif self.task == "grasp":
-                maps = dict(zip(MAP_KEYS, out))
-                hits += sum(batch_grasp_correct(maps, batch[2], top_n=1, **self._decode_kw()))
+            if self.task == "grasp":
+                run = lambda v: dict(zip(MAP_KEYS, runner(v)))  # noqa: E731
+                maps = flip_averaged(run, x, self.cfg.eval.flip_tta)
+                out = [maps[k].float() for k in MAP_KEYS]
+                tops = tops if tops is not None else []
+                for i in range(len(x)):
+                    view = [o[i] for o in out]
+                    preds = decode_grasps(*view, num_grasps=1, **self._decode_kw())
+                    tops.append((preds[0].x, preds[0].y, preds[0].angle) if preds else None)
+                    if self.metric_name is not None:
+                        hits += grasp_correct(preds, batch[2][i])
             else:
-                hits += (out[0].argmax(1) == batch[1]).sum().item()
+                out = [t.float() for t in runner(x)]
+                if self.metric_name is not None:
+                    hits += (out[0].argmax(1) == batch[1]).sum().item()
+            outs.append(out)
             n += len(x)
         if n == 0:
             raise ValueError(f"{self.path}: the validation split is empty")
         metric = None if self.metric_name is None else hits / n
-        return Evaluation(metric, [torch.cat(col) for col in zip(*outs)])
+        return Evaluation(metric, [torch.cat(col) for col in zip(*outs)], tops)
 
     def _decode_kw(self) -> dict[str, Any]:
         return self.cfg.eval.decode_kwargs(self.cfg.data.width_scale)
@@ -206,12 +233,13 @@ class ExportSource:
                 input=m.get("input"),
                 mean="per view" if per_image else RGB_MEAN.tolist(),
                 std="per view" if per_image else RGB_STD.tolist(),
-                depth=f"metres minus the view's mean, clipped to +-{DEPTH_CLIP}"
-                + (", then divided by its std" if per_image else ""),
+                depth_clip=DEPTH_CLIP,
                 width_scale=m.get("width_scale"),
                 crop_size=m.get("crop_size"),
             )
         info["preprocess"] = self._preprocess()
+        if self.task == "grasp":
+            info["postprocess"] = grasp_postprocess(self.cfg)
         return info
 
     def _preprocess(self) -> dict[str, Any]:
@@ -221,29 +249,7 @@ class ExportSource:
             m = self.meta
             d = self.cfg.data
             return cls_preprocess(self.img_size[0], d.crop_pct, self.in_chans, m["mean"], m["std"])
-        from ..data.grasp import DEPTH_CLIP
-
-        d = self.cfg.data
-        order = {"rgb": ["R", "G", "B"], "depth": ["D"], "rgbd": ["R", "G", "B", "D"]}
-        return {
-            "channels": order[d.input],
-            "crop": f"a square of crop_size ({d.crop_size or 'the short side'}) px at the "
-            "image centre (as validation and vtfm grasp crop)",
-            "resize": [d.output_size, d.output_size],
-            "interpolation": "area when shrinking, else bilinear (OpenCV)",
-            "rgb": _RGB_STEPS[d.normalise],
-            "depth": "metres; holes (NaN, inf, <= 0) filled by cv2.inpaint (Navier-Stokes, "
-            "radius 1) on depth scaled to [0, 1], before the resize; then minus the crop's "
-            f"mean, clipped to +-{DEPTH_CLIP}" + _DEPTH_STEPS[d.normalise],
-            "layout": "NCHW float32",
-        }
-
-
-_RGB_STEPS = {
-    "fixed": "(pixel / 255 - mean) / std per channel",
-    "image": "(pixel - m) / s, m and s the mean and std over all RGB values of the view",
-}
-_DEPTH_STEPS = {"fixed": "", "image": "; then minus its mean and divided by its std"}
+        return grasp_preprocess(self.cfg)
 
 
 class ImageList(Dataset):
@@ -296,8 +302,9 @@ def list_images(root: Path, what: str = "images") -> Sequence[Any]:
 
 @dataclass
 class ModelSource(ExportSource):
-    """A registered classifier without a training run: random (seeded) or converted weights,
-    scored on unlabelled images, so only agreement with fp32 PyTorch can be measured."""
+    """A registered model without a training run: random (seeded) or converted weights,
+    scored on real images without their labels, so only agreement with fp32 PyTorch can be
+    measured."""
 
     images: Path = Path()
 
@@ -306,13 +313,19 @@ class ModelSource(ExportSource):
         return None
 
     def datasets(self) -> tuple[Dataset, Dataset]:
-        """The image folder, twice: it is both the calibration and the agreement set."""
+        """The image folder (a grasp dataset's every view, for a grasp model), twice: it is
+        both the calibration and the agreement set."""
         if self._data is None:
-            from ..data import build_eval_transform
-            from ..train.classification import eval_data_config
+            if self.task == "grasp":
+                from .quantize import grasp_views
 
-            transform = build_eval_transform(eval_data_config(self.cfg, self.meta))
-            ds = ImageList(list_images(self.images), self.in_chans, transform)
+                ds = grasp_views(self.cfg, self.images)
+            else:
+                from ..data import build_eval_transform
+                from ..train.classification import eval_data_config
+
+                transform = build_eval_transform(eval_data_config(self.cfg, self.meta))
+                ds = ImageList(list_images(self.images), self.in_chans, transform)
             self._data = (ds, ds)
         return self._data
 
@@ -320,51 +333,75 @@ class ModelSource(ExportSource):
 def model_source(
     name: str, img_size: int, images: str | os.PathLike, weights: str | os.PathLike | None = None
 ) -> ModelSource:
-    """A registered classifier at ``img_size`` for speed and agreement rows (no accuracy).
+    """A registered model at ``img_size`` for speed and agreement rows (no accuracy).
 
     Args:
-        name: A registered classifier (not a grasp model).
+        name: A registered classifier or grasp model.
         img_size: Input side; ViT's position table and Swin's windows are built for it.
         images: Real images the formats are compared on (and static int8 calibrated on),
-            preprocessed as ``vtfm predict`` would with ImageNet statistics.
-        weights: timm / torchvision / official checkpoint to convert; default: seeded random.
+            preprocessed as ``vtfm predict`` would with ImageNet statistics; for a grasp
+            model, a Cornell or Jacquard folder, each view cropped as ``vtfm grasp`` crops.
+        weights: timm / torchvision / official classifier checkpoint to convert; default:
+            seeded random.
 
     Raises:
-        ValueError, FileNotFoundError: An unknown or grasp model, missing images or weights.
+        ValueError, FileNotFoundError: An unknown model, weights for a grasp model, missing
+            images or weights.
     """
     from ..config import apply_overrides
     from ..data.config import IMAGENET_MEAN, IMAGENET_STD
     from ..models.convert import load_pretrained
     from ..train.classification import ClsConfig, build_cls_model
     from ..train.config import grasp_models
+    from ..train.grasp import IN_CHANS, GraspConfig, build_grasp_model
 
     entry = get_model_entry(name)
-    if name in grasp_models():
-        raise ValueError(f"--model {name} is a grasp model; benchmark it from its checkpoint")
+    grasp = name in grasp_models()
+    if grasp and weights is not None:
+        raise ValueError(f"--weights converts classifier weights; {name} is a grasp model")
     images = Path(images)
     if not images.exists():
         raise FileNotFoundError(f"--data: {images} does not exist")
     if weights is not None and not Path(weights).is_file():
         raise FileNotFoundError(f"--weights: {weights} not found")
-    over = {"model.name": name, "data.name": "imagefolder", "data.root": str(images)}
-    cfg = apply_overrides(ClsConfig(), {**over, "data.img_size": img_size})
-    in_chans = entry.cfg.in_chans
     torch.manual_seed(0)
-    model = build_cls_model(cfg.model, entry.cfg.num_classes, in_chans, img_size)
-    if weights is not None:
-        load_pretrained(model, weights)
-    gray = in_chans == 1
-    meta = {
-        "task": "cls",
-        "model_name": name,
-        "in_chans": in_chans,
-        "img_size": img_size,
-        "num_classes": entry.cfg.num_classes,
-        "class_names": [str(i) for i in range(entry.cfg.num_classes)],
-        "mean": [0.5] if gray else list(IMAGENET_MEAN),
-        "std": [0.5] if gray else list(IMAGENET_STD),
-        "weights": Path(weights).name if weights else "random (torch.manual_seed(0))",
-    }
+    meta: dict[str, Any] = {"task": "grasp" if grasp else "cls", "model_name": name}
+    if grasp:
+        jacquard = next(images.rglob("*_perfect_depth.tiff"), None) is not None
+        over = {
+            "model.name": name,
+            "data.dataset": "jacquard" if jacquard else "cornell",
+            "data.root": str(images),
+            "data.output_size": img_size,
+        }
+        cfg: Any = apply_overrides(GraspConfig(), over)
+        model = GraspMaps(build_grasp_model(cfg))
+        d = cfg.data
+        meta.update(
+            in_chans=IN_CHANS[d.input],
+            input=d.input,
+            crop_size=d.crop_size,
+            width_scale=d.width_scale,
+        )
+    else:
+        over = {"model.name": name, "data.name": "imagefolder", "data.root": str(images)}
+        cfg = apply_overrides(ClsConfig(), {**over, "data.img_size": img_size})
+        in_chans = entry.cfg.in_chans
+        model = build_cls_model(cfg.model, entry.cfg.num_classes, in_chans, img_size)
+        if weights is not None:
+            load_pretrained(model, weights)
+        gray = in_chans == 1
+        meta.update(
+            in_chans=in_chans,
+            num_classes=entry.cfg.num_classes,
+            class_names=[str(i) for i in range(entry.cfg.num_classes)],
+            mean=[0.5] if gray else list(IMAGENET_MEAN),
+            std=[0.5] if gray else list(IMAGENET_STD),
+        )
+    meta.update(
+        img_size=img_size,
+        weights=Path(weights).name if weights else "random (torch.manual_seed(0))",
+    )
     path = Path(weights) if weights else Path(f"{name}-random-init")
     return ModelSource(path, model.eval(), cfg, meta, images=images)
 
@@ -436,6 +473,8 @@ def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
         split=d.split,
         train_frac=d.train_frac,
         seed=cfg.run.seed,
+        folds=d.folds,
+        fold=d.fold,
         augment=False,
         input=d.input,
         output_size=d.output_size,
@@ -484,3 +523,117 @@ def load_source(
         meta.setdefault("img_size", cfg.data.output_size)
         model = GraspMaps(model)  # the graph ends in the activations, not the logits
     return ExportSource(path, model.eval(), cfg, meta)
+
+
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/1"  # bump when a step below changes
+
+
+_PER_VIEW = (
+    "x = {} as float32; (x - m) / max(s, 1e-6) with m = x.mean() and s = x.std() as numpy "
+    "computes them on a float32 array (reference: vision_tfm.data.grasp.images.standardise)"
+)
+
+
+def grasp_preprocess(cfg: Any) -> dict[str, Any]:
+    """``vtfm grasp``'s preprocessing of an RGB-D pair as an exact contract.
+
+    ``examples/onnx_client.py`` follows it (and :func:`grasp_postprocess`) with Pillow and
+    numpy alone and must return ``vtfm grasp``'s top grasp to 1e-4 px and 1e-5 rad.
+    """
+    from ..data.grasp import DEPTH_CLIP, RGB_MEAN, RGB_STD
+
+    d = cfg.data
+    S = d.output_size
+    order = {"rgb": ["R", "G", "B"], "depth": ["D"], "rgbd": ["R", "G", "B", "D"]}
+    return {
+        "contract": GRASP_CONTRACT,
+        "channels": order[d.input],
+        "decode": {
+            "rgb": "Pillow Image.open(...).convert('RGB'), uint8 HWC",
+            "depth": "Pillow Image.open, read as float32 metres (H, W), the RGB image's size",
+        },
+        "crop": {
+            "size": d.crop_size or None,
+            "side": "min(size, H, W); min(H, W) when size is null",
+            "offset": "x0 = (W - side) // 2, y0 = (H - side) // 2 (the image centre, floored)",
+        },
+        "resize": {
+            "size": [S, S],
+            "rule": "area average, separable: along each axis output pixel d covers input "
+            "[d * k, (d + 1) * k) with k = n_in / n_out; input pixel s covers [s, s + 1); "
+            "the weight is the overlap length / k (float64)",
+            "arithmetic": "float64: out = Wy @ img @ Wx.T per channel; uint8 RGB: rounded half "
+            "to even, clipped to 0..255, uint8; depth: cast to float32",
+            "reference": "vision_tfm.data.grasp.images.resize_area",
+        },
+        "depth": {
+            "clip": DEPTH_CLIP,
+            "holes": "NaN, inf or <= 0, filled on the crop before the resize: in rounds until "
+            "none is left, every hole with a valid pixel among its 8 neighbours becomes the "
+            "float64 sum of those neighbours divided by their count, stored as float32, and "
+            "is valid from the next round on; a crop without any valid pixel becomes zeros "
+            "(reference: vision_tfm.data.grasp.images.fill_depth_holes)",
+            "normalise": "after the resize: mean over the map in float64, cast to float32; "
+            "float32 (d - mean) clipped to [-clip, clip] metres"
+            + ("" if d.normalise == "fixed" else "; then " + _PER_VIEW.format("that map")),
+        },
+        "normalise": d.normalise,
+        "rgb": {
+            "mean": RGB_MEAN.tolist(),
+            "std": RGB_STD.tolist(),
+            "formula": "per channel, every operation in float32: (v / 255 - mean) / std"
+            if d.normalise == "fixed"
+            else _PER_VIEW.format("the resized uint8 RGB crop, all three channels together"),
+        },
+        "layout": "NCHW float32, channels in the order above (depth last), batch axis first",
+    }
+
+
+def grasp_postprocess(cfg: Any) -> dict[str, Any]:
+    """How ``vtfm grasp`` turns the graph's four maps into grasps on the raw image."""
+    from ..grasp import MAP_ACTIVATIONS
+
+    e = cfg.eval
+    kw = e.decode_kwargs(cfg.data.width_scale)
+    return {
+        "outputs": {k: f"{v}, applied inside the graph" for k, v in MAP_ACTIVATIONS.items()},
+        "flip_tta": e.flip_tta,
+        "flip_rule": "when flip_tta: the float32 mean (x + lr + ud) / 3 of the maps of the "
+        "input, of the input flipped along W (lr) and along H (ud), each flipped back, with "
+        "sin negated in lr and ud",
+        "filter": {
+            "sigma": {
+                "quality": kw["quality_sigma"],
+                "cos": kw["angle_sigma"],
+                "sin": kw["angle_sigma"],
+                "width": kw["width_sigma"],
+            },
+            "rule": "sigma 0: none. Else OpenCV GaussianBlur(map, (0, 0), sigma) on float32: "
+            "ksize = round(8 * sigma + 1) | 1 (half to even), taps g_i = "
+            "exp(-(i - (ksize - 1) / 2)^2 / (2 * sigma^2)) normalised to sum 1, along W then H, "
+            "border reflect-101 "
+            "(dcb|abcd|cba)",
+        },
+        "peaks": {
+            "min_distance": kw["min_distance"],
+            "threshold": kw["threshold"],
+            "rule": "on the filtered quality q: a candidate equals the max of q over the "
+            "(2 * min_distance + 1)^2 window around it (clipped at the border) and is >= "
+            "threshold; when min_distance > 0, 8-connected candidates form one peak at the "
+            "candidate nearest their centroid (squared distance, ties in raster order); peaks "
+            "sorted by q descending (ties: raster order of each group's first pixel) and kept "
+            "greedily when their Chebyshev distance to every kept peak is > min_distance",
+        },
+        "grasp": {
+            "angle": "0.5 * atan2(sin, cos) at the peak, wrapped into [-pi/2, pi/2) as "
+            "((a + pi/2) mod pi) - pi/2: radians from the image +x axis to the opening "
+            "direction, counter-clockwise on screen (y points down)",
+            "width_scale": kw["width_scale"],
+            "opening": "width * width_scale map pixels",
+            "jaw": "opening * 0.5",
+            "quality": "filtered q at the peak",
+        },
+        "to_image": "float32: x = (col + 0.5) / float32(size / side) - 0.5 + x0, y = (row + "
+        "0.5) / float32(size / side) - 0.5 + y0; opening and jaw (float64) times side / size",
+        "reference": "vision_tfm.grasp.predict_grasps (what vtfm grasp prints)",
+    }

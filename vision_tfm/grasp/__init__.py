@@ -17,7 +17,13 @@ from vision_tfm.grasp.metric import (
     grasp_correct,
     grasp_matches,
 )
-from vision_tfm.grasp.predict import GraspMaps, draw_grasps, grasp_maps, predict_grasps
+from vision_tfm.grasp.predict import (
+    GraspMaps,
+    draw_grasps,
+    flip_averaged,
+    grasp_maps,
+    predict_grasps,
+)
 from vision_tfm.grasp.rect import (
     Grasp,
     corners_to_params,
@@ -46,6 +52,7 @@ __all__ = [
     "decode_grasps",
     "draw_grasps",
     "encode_grasp_maps",
+    "flip_averaged",
     "grasp_axes",
     "grasp_correct",
     "grasp_maps",

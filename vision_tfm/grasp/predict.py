@@ -6,6 +6,7 @@ the image centre), so the figure a run reports is the one this path gets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from torch import nn
 from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps, decode_grasps
 from vision_tfm.grasp.rect import Grasp
 
-__all__ = ["GraspMaps", "draw_grasps", "grasp_maps", "predict_grasps"]
+__all__ = ["GraspMaps", "draw_grasps", "flip_averaged", "grasp_maps", "predict_grasps"]
 
 
 class GraspMaps(nn.Module):
@@ -35,12 +36,21 @@ class GraspMaps(nn.Module):
 
 def grasp_maps(model: nn.Module, x: torch.Tensor, flips: bool = False) -> dict[str, torch.Tensor]:
     """Activated maps of ``model`` on ``x``; with ``flips``, averaged with those of the view
-    flipped left-right and up-down (flipped back; a mirror negates the angle, so ``sin 2θ``)."""
-    out = activate_grasp_maps(model(x))
+    flipped left-right and up-down (:func:`flip_averaged`)."""
+    return flip_averaged(lambda v: activate_grasp_maps(model(v)), x, flips)
+
+
+def flip_averaged(
+    run: Callable[[torch.Tensor], dict[str, torch.Tensor]], x: torch.Tensor, flips: bool
+) -> dict[str, torch.Tensor]:
+    """``run(x)``'s activated maps; with ``flips``, the mean of those of ``x``, ``x`` flipped
+    left-right and ``x`` flipped up-down, each flipped back (a mirror negates the angle, so
+    ``sin 2θ``). Any runtime's maps go through it: evaluation, export and deployment agree."""
+    out = dict(run(x))
     if not flips:
         return out
     for dims in ((-1,), (-2,)):
-        m = activate_grasp_maps(model(x.flip(dims)))
+        m = run(x.flip(dims))
         for k in MAP_KEYS:
             out[k] = out[k] + (-1 if k == "sin" else 1) * m[k].flip(dims)
     return {k: v / 3 for k, v in out.items()}

@@ -41,6 +41,7 @@ from .images import (
     load_rgb,
     normalise_depth,
     output_to_crop,
+    resize_area,
     standardise,
     to_input,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "output_to_crop",
     "read_cornell_rects",
     "read_jacquard_grasps",
+    "resize_area",
     "split_ids",
     "standardise",
     "to_input",

@@ -101,7 +101,7 @@ class GraspDataset(Dataset):
             repeat: Serve every view this many times per pass (each with its own augmentation),
                 so a tiny training set still gives an epoch enough steps.
             cache: Keep every view's decoded crop in memory (~0.8 MB per view at 224 RGB-D):
-                decoding and depth inpainting are most of an item's cost. For small datasets.
+                decoding and depth hole filling are most of an item's cost. For small datasets.
 
         Raises:
             FileNotFoundError: ``input`` needs depth and a view has no depth file.

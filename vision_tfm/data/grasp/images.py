@@ -1,8 +1,13 @@
 """Image side of a grasp view: decoding, depth cleaning, crops, normalisation, augmentation.
 
-Depth: holes (NaN, inf, <= 0) are filled with ``cv2.inpaint`` (Navier-Stokes), then the crop's
-mean is subtracted and the result clipped to ``±depth_clip`` metres. RGB is ImageNet-normalised,
+Depth: holes (NaN, inf, <= 0) are filled from their valid neighbours, then the crop's mean is
+subtracted and the result clipped to ``±depth_clip`` metres. RGB is ImageNet-normalised,
 or (``normalise="image"``) RGB and depth are each standardised on the view's own statistics.
+
+Hole filling and resizing are plain numpy rules rather than OpenCV's inpainting and
+``INTER_AREA``, so that ``model.json`` can state them exactly and a runtime without OpenCV
+(``examples/onnx_client.py``) reproduces them; the area resize is OpenCV's ``INTER_AREA``
+when shrinking, up to float rounding (tests/grasp/test_grasp_data.py).
 """
 
 from __future__ import annotations
@@ -55,26 +60,75 @@ def load_depth(path: str | Path) -> np.ndarray:
     return depth
 
 
-def fill_depth_holes(depth: np.ndarray) -> np.ndarray:
-    """Inpaint NaN, inf and non-positive depth so means and resizing are not poisoned by holes.
+NEIGHBOURS: tuple[tuple[int, int], ...] = (
+    (-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1),
+)  # fmt: skip
+"""The 8 neighbours ``(dy, dx)`` a hole pixel is filled from."""
 
-    Uses ``cv2.inpaint`` (Navier-Stokes, radius 1) on depth scaled to [0, 1]; a map with no valid
-    pixel becomes zeros.
+
+def fill_depth_holes(depth: np.ndarray) -> np.ndarray:
+    """Fill NaN, inf and non-positive depth so means and resizing are not poisoned by holes.
+
+    Rounds until none is left: every hole with a valid 8-neighbour takes the mean of its valid
+    neighbours (summed and divided in float64, stored as float32) and counts as valid from the
+    next round on. Summing at most 8 float32 values in float64 is exact, so any runtime gets the
+    same bits. A map with no valid pixel becomes zeros.
     """
     depth = np.asarray(depth, dtype=np.float32)
-    holes = ~np.isfinite(depth) | (depth <= 0)
-    if not holes.any():
+    valid = np.isfinite(depth) & (depth > 0)
+    if valid.all():
         return depth
-    if holes.all():
+    if not valid.any():
         return np.zeros_like(depth)
-    scale = float(depth[~holes].max())
-    scaled = np.where(holes, 0.0, depth / scale).astype(np.float32)
-    return cv2.inpaint(scaled, holes.astype(np.uint8), 1, cv2.INPAINT_NS) * scale
+    H, W = depth.shape
+    vals = np.where(valid, depth, 0).astype(np.float64)  # holes hold 0 until filled
+    while not valid.all():
+        pv, pm = np.pad(vals, 1), np.pad(valid, 1).astype(np.int64)
+        total = sum(pv[1 + dy : 1 + dy + H, 1 + dx : 1 + dx + W] for dy, dx in NEIGHBOURS)
+        count = sum(pm[1 + dy : 1 + dy + H, 1 + dx : 1 + dx + W] for dy, dx in NEIGHBOURS)
+        new = ~valid & (count > 0)
+        vals[new] = (total[new] / count[new]).astype(np.float32)
+        valid = valid | new
+    return vals.astype(np.float32)
+
+
+def area_weights(n_in: int, n_out: int) -> np.ndarray:
+    """``(n_out, n_in)`` float64 weights of the area resize along one axis.
+
+    Output pixel ``d`` covers input ``[d * k, (d + 1) * k)`` with ``k = n_in / n_out``; input
+    pixel ``s`` covers ``[s, s + 1)``; the weight is the overlap divided by ``k``.
+    """
+    k = n_in / n_out
+    d = np.arange(n_out, dtype=np.float64)[:, None]
+    s = np.arange(n_in, dtype=np.float64)[None]
+    return np.clip(np.minimum((d + 1) * k, s + 1) - np.maximum(d * k, s), 0, None) / k
+
+
+def resize_area(img: np.ndarray, size: int) -> np.ndarray:
+    """Resize an ``(H, W)`` or ``(H, W, C)`` image to ``size x size`` by area averaging.
+
+    Computed in float64 as ``Wy @ img @ Wx.T`` (:func:`area_weights`); uint8 is rounded half to
+    even and clipped, float is returned as float32. Unchanged size returns the image as is.
+    """
+    H, W = img.shape[:2]
+    if H == W == size:
+        return img
+    x = img.astype(np.float64).reshape(H, W, -1)
+    C = x.shape[2]
+    rows = (area_weights(H, size) @ x.reshape(H, W * C)).reshape(size, W, C)  # along H
+    cols = area_weights(W, size) @ rows.transpose(1, 0, 2).reshape(W, size * C)  # along W
+    out = cols.reshape(size, size, C).transpose(1, 0, 2).reshape(size, size, *img.shape[2:])
+    if img.dtype == np.uint8:
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    return out.astype(np.float32)
 
 
 def normalise_depth(depth: np.ndarray, clip: float = DEPTH_CLIP) -> np.ndarray:
-    """Subtract the mean depth and clip to ``±clip`` metres; call on hole-free depth."""
-    return np.clip(depth - depth.mean(), -clip, clip).astype(np.float32)
+    """Subtract the mean depth (taken in float64, then float32) and clip to ``±clip`` metres
+    in float32; call on hole-free depth."""
+    depth = np.asarray(depth, dtype=np.float32)
+    mean = np.float32(depth.mean(dtype=np.float64))
+    return np.clip(depth - mean, np.float32(-clip), np.float32(clip))
 
 
 NORMALISE_MODES = ("fixed", "image")
@@ -266,19 +320,18 @@ def crop_resize(
     model sees exactly the preprocessing it was trained on.
     """
     x0, y0, crop = box
-    interp = cv2.INTER_AREA if size < crop else cv2.INTER_LINEAR
     if rgb is not None:
-        rgb = cv2.resize(rgb[y0 : y0 + crop, x0 : x0 + crop], (size, size), interpolation=interp)
+        rgb = resize_area(rgb[y0 : y0 + crop, x0 : x0 + crop], size)
     if depth is not None:
         depth = fill_depth_holes(depth[y0 : y0 + crop, x0 : x0 + crop])
-        depth = normalise_depth(cv2.resize(depth, (size, size), interpolation=interp), depth_clip)
+        depth = normalise_depth(resize_area(depth, size), depth_clip)
     return rgb, depth
 
 
 def crop_to_output(points: np.ndarray, box: tuple[int, int, int], size: int) -> np.ndarray:
     """Image pixel coordinates -> output-map coordinates of :func:`crop_resize`.
 
-    Pixel centres sit at integer coordinates; cv2.resize maps x to (x + 0.5) * scale - 0.5.
+    Pixel centres sit at integer coordinates; the area resize maps x to (x + 0.5) * scale - 0.5.
     """
     x0, y0, crop = box
     scale = size / crop
