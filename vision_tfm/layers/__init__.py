@@ -31,7 +31,7 @@ from .block import (
 from .cache import TensorCache
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
-from .patch_embed import PatchEmbed, check_image, pad_to_multiple, symbolic
+from .patch_embed import PatchEmbed, check_image
 from .pos_embed import (
     Rope,
     apply_rope,
@@ -41,6 +41,7 @@ from .pos_embed import (
     rope_2d,
     sincos_2d,
 )
+from .sizes import pad_to_multiple, symbolic
 
 __all__ = [
     "ATTN_TYPES",

@@ -3,40 +3,15 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from .sizes import pad_to_multiple
 
-__all__ = ["PatchEmbed", "check_image", "pad_to_multiple", "symbolic"]
-
-
-def symbolic(*sizes: int) -> bool:
-    """Whether any size is symbolic (a dynamic-shape ``torch.export`` trace).
-
-    Size-dependent steps then run unconditionally (padding by a possibly zero amount), so no
-    Python branch on a traced size is baked into the graph; with concrete sizes they are
-    skipped when they would do nothing.
-    """
-    return any(isinstance(s, torch.SymInt) for s in sizes)
+__all__ = ["PatchEmbed", "check_image"]
 
 
-def pad_to_multiple(x: torch.Tensor, multiple: int, channels_last: bool = False) -> torch.Tensor:
-    """Zero-pad the bottom/right of an NCHW (or NHWC) batch up to whole ``multiple``s.
-
-    Concrete sizes that already fit return ``x`` itself; symbolic ones always pad (possibly by
-    zero). An fx leaf function in every module that calls it (``torch.fx.wrap``), since the
-    branch reads the input size, which ``torch.fx.symbolic_trace`` does not know.
-    """
-    h, w = (x.shape[1], x.shape[2]) if channels_last else (x.shape[-2], x.shape[-1])
-    hp = (h + multiple - 1) // multiple * multiple  # ceil; ONNX integer Div truncates
-    wp = (w + multiple - 1) // multiple * multiple
-    if not symbolic(h, w) and (hp, wp) == (h, w):
-        return x
-    return F.pad(x, (0, 0, 0, wp - w, 0, hp - h) if channels_last else (0, wp - w, 0, hp - h))
-
-
-torch.fx.wrap("pad_to_multiple")
+torch.fx.wrap("pad_to_multiple")  # fx: it branches on the input size
 
 
 def check_image(

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import TensorCache
-from .patch_embed import symbolic
+from .sizes import symbolic
 
 __all__ = [
     "Rope",
