@@ -45,3 +45,13 @@ def fake_cpu(monkeypatch):
         monkeypatch.setattr(attention_dispatch, "cpu_native_bf16", lambda: native_bf16)
 
     return fake
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: on shared, busy CPUs a second OpenMP thread spins
+    far more than it computes. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

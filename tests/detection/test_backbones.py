@@ -26,13 +26,7 @@ FAST_RCNN_KW = {  # fewer proposals and sampled RoIs keep a CPU step well under 
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """On shared, busy CPUs a second OpenMP thread spins far more than it computes."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _backbone(name, **kw):

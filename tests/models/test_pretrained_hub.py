@@ -22,12 +22,7 @@ NAME, TAG = "vit_tiny_patch16_224", "augreg_in21k_ft_in1k"
 SHRINK = {"depth": 2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

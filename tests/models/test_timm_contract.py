@@ -31,13 +31,7 @@ SMALL_SIZE = {"vit": 32, "swin": 56}  # full-size names: small inputs keep the s
 TRACER = {"leaf_modules": get_notrace_modules(), "autowrap_functions": get_notrace_functions()}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """On shared, busy CPUs a second OpenMP thread spins far more than it computes."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small(name: str, **kw) -> torch.nn.Module:

@@ -249,9 +249,7 @@ def run_blocks(
     placement allows (intermediate features). ``grad_ckpt`` recomputes each block's
     activations in backward instead of storing them.
     """
-    if not len(blocks):
-        return norm(x) if normed and norm is not None else x
-    place = blocks[0].place
+    place = blocks[0].place  # one placement per stack (block_stack builds them alike)
     stream = place.begin(x)
     for blk in blocks:
         stream = checkpointed(blk, grad_ckpt, stream, rope)
