@@ -873,3 +873,20 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
         png = tmp_path / f"{dep.stem}.png"
         vtfm("grasp", "--checkpoint", ckpt, rgb, "--depth", dep, "--top", "3", "--out", png)
         assert capsys.readouterr().out.splitlines()[:-1] == printed.stdout.splitlines()
+
+
+def test_ort_session_spins_within_a_run_and_stops_after_it(tmp_path: Path) -> None:
+    """Deployment and benchmark sessions alike: spinning between ops (batch-1 latency), parked
+    workers once a run returns (the cores go back to the caller)."""
+    from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval()
+    x = torch.randn(3, 8)
+    export_onnx(model, x, tmp_path / "mlp.onnx", output_names=["out"])
+    sess = ort_session(tmp_path / "mlp.onnx", threads=2)
+    so = sess.get_session_options()
+    assert so.intra_op_num_threads == 2
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert so.get_session_config_entry("session.force_spinning_stop") == "1"
+    torch.testing.assert_close(ort_runner(sess)(x)[0], model(x), atol=1e-6, rtol=1e-6)

@@ -252,7 +252,7 @@ class _Formats:
                 calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
             quantize_int8(fp32, path, mode, calib)
             self.files[fmt] = path
-            return ort_runner(ort_session(path, threads, spin=False)), "ok", size_mb(path)
+            return ort_runner(ort_session(path, threads)), "ok", size_mb(path)
         if fmt.startswith("openvino"):
             path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
             want = "bf16" if fmt.endswith("-bf16") else "fp32"
@@ -262,7 +262,7 @@ class _Formats:
         opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset
         path, status = self.onnx(opset)
         self.files[fmt] = path
-        return ort_runner(ort_session(path, threads, spin=False)), status, size_mb(path)
+        return ort_runner(ort_session(path, threads)), status, size_mb(path)
 
     def onnx(self, opset: int) -> tuple[Path, str]:
         """The fp32 export at ``opset`` (dynamic batch, training size) and its parity status."""
@@ -521,9 +521,10 @@ def markdown_table(result: dict[str, Any]) -> str:
         )
     if any(r["threads"] and r["threads"] > 1 for r in result["rows"]):
         lines.append(
-            "onnxruntime runs with intra-op spinning off: spinning idle threads would take the "
-            "cores from the next format in the interleaved rounds (and slowed eager PyTorch "
-            "several-fold when it was on)."
+            "onnxruntime sessions spin their worker threads within a run and stop when it "
+            "returns (session.force_spinning_stop), as `ort_session` sets up for deployment: "
+            "fast op-to-op hand-offs, and no spinning threads taking the cores from the next "
+            "format in the interleaved rounds."
         )
     if result.get("bf16_note"):
         lines.append(f"torch-bf16: {result['bf16_note']}; the fp32 torch row is the one to use.")

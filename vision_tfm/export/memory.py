@@ -74,7 +74,6 @@ def _run(spec: dict[str, Any]) -> float:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name
         for _ in range(CALLS):

@@ -36,6 +36,7 @@ from .source import INPUT_NAME, ExportSource, Runner, max_abs_diff
 __all__ = [
     "ATTENTION_OPSET",
     "DEFAULT_OPSET",
+    "ORT_SESSION_CONFIG",
     "ParityCheck",
     "ParityError",
     "ParityReport",
@@ -58,6 +59,10 @@ ATTENTION_OPSET = 23  # SDPA -> the ONNX Attention op from here on
 MAX_OPSET = 25  # the newest opset onnxruntime 1.32 runs
 DYNAMIC_AXES = ("batch", "hw")
 ATTENTION_MODES = ("auto", "fused", "explicit")
+ORT_SESSION_CONFIG = {
+    "session.intra_op.allow_spinning": "1",  # within a run: no wake-up latency per op
+    "session.force_spinning_stop": "1",  # after it: idle workers park, the cores are free
+}
 
 
 class ParityError(ValueError):
@@ -235,19 +240,21 @@ def size_mb(path: str | Path) -> float:
     return sum(p.stat().st_size for p in model_files(path)) / 1e6
 
 
-def ort_session(path: str | Path, threads: int = 0, spin: bool = True) -> Any:
+def ort_session(path: str | Path, threads: int = 0) -> Any:
     """A CPU onnxruntime session on ``threads`` intra-op threads (0 = onnxruntime's choice).
 
-    ``spin=False`` parks idle worker threads instead of letting them spin for the next run:
-    slower alone, but it leaves the cores to whatever runs in between (the benchmark's other
+    Its options are :data:`ORT_SESSION_CONFIG`: worker threads spin between the ops of a run
+    (parking them after every small op costs a wake-up each, which dominates batch-1 latency
+    on a few cores) and stop spinning when the run returns, so they do not take the cores from
+    whatever the caller does between runs (a robot's control loop, the benchmark's other
     formats).
     """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for key, value in ORT_SESSION_CONFIG.items():
+        so.add_session_config_entry(key, value)
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 4  # fatal only: run errors are raised as exceptions anyway
