@@ -5,6 +5,7 @@
     python benchmarks/bench_vs_timm.py --models swin --modes infer --batches 16
     python benchmarks/bench_vs_timm.py --quick --check        # exit 1 if any case < 0.95x
     python benchmarks/bench_vs_timm.py --compile --models swin --batches 16
+    python benchmarks/bench_vs_timm.py --models vit --precisions bf16 --attn sdpa
 
 For every case (model x precision x batch x threads x mode) both models run in alternating
 rounds (ours, timm, timm, ours, ...) so machine noise hits both alike; each reports its
@@ -21,7 +22,9 @@ freezing) in inference and the plain ``torch.compile`` that ``run.compile`` uses
 training, the reference through ``torch.compile`` with the same options; it reports ours'
 compile time, i.e. the first call's time less a steady call's. ``grasp_hybrid_s`` is compared
 with its own unoptimised version (timm has no such model). ``--check`` exits 1, after the
-table, when any case runs below ``CHECK_MIN`` (0.95x) its reference.
+table, when any case runs below ``CHECK_MIN`` (0.95x) its reference. ``--attn sdpa`` or
+``--attn explicit`` overrides the attention dispatch in ours (``auto``, the default, is what
+users get), to settle a rule of ``vision_tfm/layers/attention_dispatch.py`` at the model level.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 
 import vision_tfm as vt
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
+from vision_tfm.layers import attention_dispatch
 
 CHECK_MIN = 0.95  # --check: the slowest ratio against the reference that passes
 PAIRS = {
@@ -122,6 +126,21 @@ def build(kind: str, prec: str, mode: str, compile: bool = False):
     return ours, ref, label
 
 
+def force_attention(path: str) -> None:
+    """Make every softmax-attention call of ours take ``path`` ("sdpa", "explicit") instead
+    of the dispatch's pick; "auto" leaves the dispatch alone. Ours only: timm never calls it."""
+    if path == "auto":
+        return
+    plan = attention_dispatch.attention_plan
+
+    def forced(q: torch.Tensor, has_bias: bool, need_weights: bool):
+        if need_weights or path == "explicit":
+            return plan(q, has_bias, True)  # the explicit path with its upcast/contig rules
+        return attention_dispatch.AttentionPlan(fused=True)
+
+    attention_dispatch.attention_plan = forced
+
+
 def model_input(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``x`` in the model's weight dtype: bf16 after ``optimize_for_inference(dtype=bf16)``."""
     return x.to(next(model.parameters()).dtype)
@@ -169,8 +188,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="2 rounds, 1 iteration each")
     p.add_argument("--compile", action="store_true", help="torch.compile ours and the reference")
     p.add_argument("--check", action="store_true", help=f"exit 1 if any case is < {CHECK_MIN}x")
+    p.add_argument(
+        "--attn", default="auto", choices=("auto", "sdpa", "explicit"), help="ours' attention"
+    )
     args = p.parse_args()
     check_choices(p, args)
+    force_attention(args.attn)
     rounds = 2 if args.quick else args.rounds
     rows = []
     ceilings: dict[tuple[int, str], float] = {}
