@@ -13,7 +13,8 @@ median time per step. "speedup" is timm time / ours time (> 1: ours is faster). 
 counts 2 FLOPs per multiply-add (``torch.utils.flop_counter``); a training step is counted
 as 3x the forward. The matmul ceiling is the best single 512², 1024² or 2048² matmul over
 ~2 s of each, timed in the same run at the same thread count and precision (the best, since
-a busy machine only ever slows a run down).
+a busy machine only ever slows a run down); where bf16 is emulated, 512² only (a 2048² bf16
+matmul then takes minutes).
 
 Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 weights for
 the bf16 case); training uses the plain model. ``--compile`` compiles both, so compiled is
@@ -42,6 +43,11 @@ import torch.nn.functional as F
 import vision_tfm as vt
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 from vision_tfm.layers import attention_dispatch
+from vision_tfm.layers.attention_dispatch import (
+    cpu_capability,
+    cpu_native_bf16,
+    emulated_bf16_note,
+)
 
 CHECK_MIN = 0.95  # --check: the slowest ratio against the reference that passes
 PAIRS = {
@@ -201,7 +207,8 @@ def main() -> None:
         torch.set_num_threads(threads)
         for prec in args.precisions.split(","):
             dtype = torch.float32 if prec == "fp32" else torch.bfloat16
-            ceilings[(threads, prec)] = matmul_ceiling(dtype, threads, seconds=2.0) / 1e9
+            sizes = (512,) if prec == "bf16" and not cpu_native_bf16() else (512, 1024, 2048)
+            ceilings[(threads, prec)] = matmul_ceiling(dtype, threads, sizes, 2.0) / 1e9
             for kind in args.models.split(","):
                 for mode in args.modes.split(","):
                     if kind == "grasp" and mode == "train":
@@ -259,11 +266,17 @@ def main() -> None:
                             + (f"  compile {r['compile_s']:.0f} s" if args.compile else ""),
                             flush=True,
                         )
-    print(f"\nCPU: {cpu_description()}; torch {torch.__version__}, timm {timm.__version__}")
     print(
-        "matmul ceiling (best of 512^2, 1024^2, 2048^2): "
+        f"\nCPU: {cpu_description()}; ATen capability {cpu_capability()}, native bf16 "
+        f"{cpu_native_bf16()}; torch {torch.__version__}, timm {timm.__version__}"
+    )
+    print(
+        "matmul ceiling (best of 512^2, 1024^2, 2048^2; 512^2 for emulated bf16): "
         + ", ".join(f"{prec} {t} thr {v:.0f} GFLOP/s" for (t, prec), v in ceilings.items())
     )
+    note = emulated_bf16_note() if "bf16" in args.precisions.split(",") else None
+    if note:
+        print(note)
     print(
         "\n| model | vs | mode | precision | batch | threads | ref ms | ours ms | speedup "
         "| ours GFLOP/s | % of matmul ceiling | max abs diff |"
