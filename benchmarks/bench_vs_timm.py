@@ -279,12 +279,9 @@ def main() -> None:
         f"\nCPU: {cpu_description()}; ATen capability {cpu_capability()}, native bf16 "
         f"{cpu_native_bf16()}; torch {torch.__version__}, timm {timm.__version__}"
     )
-    print(
-        "matmul ceiling (best of 512^2, 1024^2, 2048^2): "
-        + ", ".join(
-            f"{prec} {t} thr {v:.0f} GFLOP/s" for (t, prec), v in ceilings.items() if v is not None
-        )
-    )
+    measured = [f"{p} {t} thr {v:.0f} GFLOP/s" for (t, p), v in ceilings.items() if v is not None]
+    if measured:
+        print("matmul ceiling (best of 512^2, 1024^2, 2048^2): " + ", ".join(measured))
     note = emulated_bf16_note() if "bf16" in args.precisions.split(",") else None
     if note:
         print(note)
