@@ -6,6 +6,8 @@
     python benchmarks/bench_vs_timm.py --quick --check        # exit 1 if any case < 0.95x
     python benchmarks/bench_vs_timm.py --compile --models swin --batches 16
     python benchmarks/bench_vs_timm.py --models vit --precisions bf16 --attn sdpa
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        python benchmarks/bench_vs_timm.py --check     # an AVX2 CPU, approximately
 
 For every case (model x precision x batch x threads x mode) both models run in alternating
 rounds (ours, timm, timm, ours, ...) so machine noise hits both alike; each reports its

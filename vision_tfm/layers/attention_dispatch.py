@@ -15,8 +15,9 @@ The CPU's capability is read once per process (:func:`cpu_capability`,
 compiled or exported graph takes the branch eager takes on the same machine. Where bf16 is
 emulated, :func:`warn_if_bf16_emulated` tells the user (training, ``vtfm benchmark`` and
 ``optimize_for_inference`` call it) with the slow-down a tiny matmul probe measures.
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` makes an AVX-512 machine answer, and
-compute, as an AVX2 one.
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` makes an
+AVX-512 machine answer, and compute, as an AVX2 one (ATen's kernels, oneDNN, and MKL, which
+runs the fp32 matmuls).
 """
 
 from __future__ import annotations
