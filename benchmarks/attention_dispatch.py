@@ -2,7 +2,8 @@
 
     python benchmarks/attention_dispatch.py                      # ~5 min on 2 cores
     python benchmarks/attention_dispatch.py --cases swin --modes train --precisions bf16
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/attention_dispatch.py
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        python benchmarks/attention_dispatch.py
 
 The evidence behind each rule of ``vision_tfm/layers/attention_dispatch.py``. Two cases, the
 attention core only (q, k, v in, heads out; no projections):
@@ -18,9 +19,10 @@ under ``inference_mode``; ``train`` is forward plus backward of a sum. Paths: ``
 with a bias only) and ``explicit+contig`` (contiguous q, k, v; train only). They run in
 alternating rounds of ~0.1 s (order reversed each round); the best round is reported, since
 other load only ever slows a round down; ``picked / best`` is the
-picked path's time over the fastest one's. With the two variables in the last command an AVX-512
-machine runs ATen's AVX2 kernels and oneDNN's AVX2 code, bf16 included (emulated), and the
-dispatch reads the CPU as AVX2 without native bf16: an approximation of an AVX2 CPU.
+picked path's time over the fastest one's. With the three variables in the last command an
+AVX-512 machine runs ATen's AVX2 kernels, oneDNN's AVX2 code, bf16 included (emulated), and
+MKL's AVX2 fp32 GEMMs (without the MKL one, fp32 matmuls stay AVX-512), and the dispatch
+reads the CPU as AVX2 without native bf16: an approximation of an AVX2 CPU.
 """
 
 from __future__ import annotations

@@ -38,12 +38,13 @@ BRANCHES = {
         True,
         AttentionPlan(False, contiguous=True),
     ),
-    "bf16-native-infer-explicit-upcast": (
+    "bf16-native-infer-sdpa": (AVX512_AMX, torch.bfloat16, False, False, AttentionPlan(True)),
+    "bf16-native-windows-infer-sdpa": (
         AVX512_AMX,
         torch.bfloat16,
         False,
         True,
-        AttentionPlan(False, upcast=True),
+        AttentionPlan(True),
     ),
     "bf16-native-train-explicit": (
         AVX512_AMX,

@@ -15,8 +15,9 @@ The CPU's capability is read once per process (:func:`cpu_capability`,
 compiled or exported graph takes the branch eager takes on the same machine. Where bf16 is
 emulated, :func:`warn_if_bf16_emulated` tells the user (training, ``vtfm benchmark`` and
 ``optimize_for_inference`` call it) with the slow-down a tiny matmul probe measures.
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` makes an AVX-512 machine answer, and
-compute, as an AVX2 one.
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` makes an
+AVX-512 machine answer, and compute, as an AVX2 one (ATen's kernels, oneDNN, and MKL, which
+runs the fp32 matmuls).
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class AttentionPlan(NamedTuple):
 
 
 def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> AttentionPlan:
-    """SDPA unless the weights are wanted or the explicit path measured faster.
+    """SDPA unless the weights are wanted or the explicit path measured faster (training
+    only: in bf16 on a CPU with native bf16, and Swin windows).
 
     Args:
         q: Queries ``(..., h, N, d)``; more than 4 dims means Swin windows.
@@ -137,16 +139,21 @@ def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> Atten
     if not need_weights:
         if q.device.type != "cpu":
             return AttentionPlan(fused=True)  # CUDA and others: no measurement says otherwise
+        if not training:
+            # inference, every CPU kind and dtype: benchmarks/bench_vs_timm.py --attn sdpa /
+            # explicit (ViT-S and Swin-T, whole model, bf16 with native bf16) and
+            # benchmarks/attention_dispatch.py (layer level) both put SDPA ahead
+            return AttentionPlan(fused=True)
         bf16 = q.dtype == torch.bfloat16
-        # benchmarks/attention_dispatch.py, on each CPU kind:
+        # benchmarks/attention_dispatch.py, training, on each CPU kind:
         # - bf16 emulated (AVX2): SDPA's kernels beat emulated bf16 matmuls, windows included;
         # - bf16 native (AVX512_BF16, AMX): two bf16 matmuls around a softmax beat SDPA's
-        #   bf16 kernels, above all in training;
-        # - windows under autograd: SDPA's backward runs on the folded, materialised bias,
-        #   slower than the explicit path broadcasting it.
+        #   bf16 backward;
+        # - windows: SDPA's backward runs on the folded, materialised bias, slower than the
+        #   explicit path broadcasting it.
         if bf16 and not cpu_native_bf16():
             return AttentionPlan(fused=True)
-        if not (bf16 or (q.dim() > 4 and training)):
+        if not (bf16 or q.dim() > 4):
             return AttentionPlan(fused=True)
     # benchmarks/bench_vs_timm.py (Swin-T, whole model): in inference an fp32 bias add and
     # softmax beat the bf16 softmax kernel; under autograd the fp32 backward costs more.
