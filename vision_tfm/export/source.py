@@ -503,6 +503,7 @@ def load_source(
     check_meta(meta, str(path))  # the task and what rebuilding the model reads
     task = meta["task"]
     meta["model_name"] = meta.get("model_name") or ckpt["config"].get("model", {}).get("name")
+    get_model_entry(str(meta["model_name"]))  # the name the exported files will carry
     restore = restore_cls_model if task == "cls" else restore_grasp_model
     model, cfg = restore(ckpt, use_ema=use_ema, source=str(path))  # shapes checked on meta
     if data_root is not None:
