@@ -189,6 +189,11 @@ def _reseed_transforms(ds: Dataset, seed: int) -> None:
         ds = getattr(ds, "dataset", None)
 
 
+def _full_batches(n: int, batch_size: int, distributed: bool) -> int:
+    """Full batches of ``n`` items per epoch on this rank (DistributedSampler pads to equal)."""
+    return (math.ceil(n / world_size()) if distributed else n) // batch_size
+
+
 def _ignore_sigint(worker_id: int) -> None:
     """DataLoader workers leave Ctrl-C to the main process, which still needs them to finish
     the update it is in (a terminal sends SIGINT to the whole process group)."""
@@ -247,10 +252,9 @@ class _EpochBatches(Sampler):
                 yield [(self.epoch, index) for index in batch]
 
     def __len__(self) -> int:
-        n = len(self.dataset)
-        if self.distributed:
-            n = math.ceil(n / world_size())
-        return max(n // self.batch_size - self.skip, 0)
+        return max(
+            _full_batches(len(self.dataset), self.batch_size, self.distributed) - self.skip, 0
+        )
 
 
 class Trainer:
@@ -377,13 +381,7 @@ class Trainer:
                 f"{self.resume_path} holds a {ck_name!r} checkpoint, but the config asks for "
                 f"{self.meta['model_name']!r}"
             )
-        own, theirs = model.state_dict(), self.ckpt["model"]
-        bad = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
-        if bad or set(theirs) - set(own):
-            raise ValueError(
-                f"{self.resume_path} does not fit model {ck_name!r} as configured "
-                f"(first mismatch: {(bad or sorted(set(theirs) - set(own)))[0]})"
-            )
+        check_fits(lambda: model, self.ckpt["model"], str(self.resume_path))  # as configured now
 
     def _restore(self, ck: dict[str, Any]) -> None:
         self.model.load_state_dict(ck["model"])
@@ -418,10 +416,7 @@ class Trainer:
             )
 
     def _num_batches(self) -> int:
-        n = len(self.train_ds)
-        if self.distributed:
-            n = math.ceil(n / world_size())
-        return n // self.task.batch_size
+        return _full_batches(len(self.train_ds), self.task.batch_size, self.distributed)
 
     def _train_loader(self) -> DataLoader:
         """The one training loader of the run; :meth:`_train_epoch` points it at each epoch."""
