@@ -11,15 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import (
-    AT_LEAST_ONE,
-    NON_NEGATIVE,
-    POSITIVE,
-    PROBABILITY,
-    ConfigError,
-    Range,
-    check_ranges,
-)
+from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, check_ranges
 
 DATASET_NAMES = ("mnist", "imagefolder", "cifar10")
 AUG_KINDS = ("affine", "rrc", "none")
@@ -140,8 +132,6 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if len(self.mean) != len(self.std):
-            raise ConfigError(f"data.mean has {len(self.mean)} values, data.std {len(self.std)}")
 
 
 def resolve_in_chans(cfg: DataConfig) -> int:
@@ -160,6 +150,8 @@ def resolve_mean_std(cfg: DataConfig) -> tuple[tuple[float, ...], tuple[float, .
     in_chans = resolve_in_chans(cfg)
     if cfg.mean:
         mean, std = tuple(cfg.mean), tuple(cfg.std)
+        if len(mean) != len(std):
+            raise ValueError(f"data.mean has {len(mean)} values but data.std has {len(std)}")
         if len(mean) == 1 and in_chans == 3:
             mean, std = mean * 3, std * 3
         if len(mean) != in_chans:
