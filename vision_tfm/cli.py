@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import signal
 import sys
@@ -47,18 +48,14 @@ def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) 
     existence check and the printed path must see it). A folder is refused, as by
     ``vtfm export``; missing parent folders are created when the file is written.
     """
-    if out is None:
-        path = Path(Path(image).with_suffix("").name + default_suffix)
-    else:
-        path = Path(out)
-        if path.is_dir():
-            raise ValueError(f"--out: {path} is a folder; give the .png file path")
-        if not path.suffix:
-            path = path.with_name(path.name + ".png")
+    given = Path(out) if out is not None else Path(image).with_suffix("").name + default_suffix
+    path = Path(given)
+    path = path if path.suffix else path.with_name(path.name + ".png")
     if path.suffix.lower() != ".png":
         raise ValueError(f"--out must end in .png, got {out}")
-    if path.is_dir():
-        raise ValueError(f"--out: {path} is a folder; give the .png file path")
+    for p in (Path(given), path):
+        if p.is_dir():
+            raise ValueError(f"--out: {p} is a folder; give the .png file path")
     folder = next(p for p in path.absolute().parents if p.exists())
     if not folder.is_dir():
         raise ValueError(f"--out: cannot create a folder under {folder}: it is a file")
@@ -88,9 +85,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
 def cmd_attention(args: argparse.Namespace) -> None:
     """Write an attention-rollout heat map over the image."""
     from .data import build_eval_transform, load_image
-    from .viz import attention_rollout, check_discard_ratio, save_heatmap_overlay
+    from .viz import attention_rollout, save_heatmap_overlay
 
-    check_discard_ratio(args.discard_ratio)
     _need_inputs(args.checkpoint, args.image)
     out = _out_png(args.out, args.image, "_attention.png", args.overwrite)
     model, meta, dcfg = _load_cls(args.checkpoint, args.ema)
@@ -137,22 +133,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     from .export import ExportOptions, export_checkpoint
 
     int8 = ("dynamic", "static") if args.int8 == "both" else (args.int8,) if args.int8 else ()
-    opts = ExportOptions(
-        out=args.out,
-        dynamic=args.dynamic,
-        opset=args.opset,
-        attention=args.attention,
-        img_size=args.img_size,
-        int8=int8,
-        calib_data=args.calib_data,
-        calib_size=args.calib_size,
-        atol=args.atol,
-        parity_images=args.parity_images,
-        val_images=args.val_images,
-        overwrite=args.overwrite,
-        ema=args.ema,
-        data=args.data,
-    )
+    names = [f.name for f in dataclasses.fields(ExportOptions) if f.name != "int8"]
+    opts = ExportOptions(int8=int8, **{k: getattr(args, k) for k in names})  # flag = field
     export_checkpoint(args.checkpoint, opts)
 
 
@@ -163,25 +145,9 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     from .export.pipeline import refuse_existing
     from .train.rundir import check_writable_dir
 
-    given = {
-        "formats": tuple(f.strip() for f in args.formats.split(",") if f.strip()),
-        "threads": args.threads,
-        "warmup": args.warmup,
-        "runs": args.runs,
-        "seconds": args.seconds,
-        "batch": args.batch,
-        "val_images": args.val_images,
-        "opset": args.opset,
-        "calib_data": args.calib_data,
-        "calib_size": args.calib_size,
-        "ema": args.ema,
-        "atol": args.atol,
-        "data": args.data,
-        "memory": args.memory,
-        "model": args.model,
-        "img_size": args.img_size,
-        "weights": args.weights,
-    }
+    names = [f.name for f in dataclasses.fields(BenchOptions) if hasattr(args, f.name)]
+    given = {k: getattr(args, k) for k in names}  # each flag is named after its field
+    given["formats"] = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     given = {k: v for k, v in given.items() if v is not None}
     opts = BenchOptions.quick(**given) if args.quick else BenchOptions(**given)
     opts.validate()  # bad flags and a missing checkpoint first, then the outputs

@@ -3,8 +3,9 @@
 Every override (YAML, ``key.sub=value`` on the CLI, ``create_model(**kw)``) goes through
 :func:`apply_overrides`, so an unknown key or a wrong type fails in one line that names the
 key, instead of being silently ignored or failing later inside a model. Floats must be finite,
-and a config dataclass declares the valid range of each numeric field (``RANGES``), checked in
-its ``__post_init__`` (:func:`check_ranges`) however it is built.
+and a config dataclass declares the valid range of each numeric field (``RANGES``) and the
+allowed values of each string field (``CHOICES``), checked in its ``__post_init__``
+(:func:`check_ranges`) however it is built.
 """
 
 from __future__ import annotations
@@ -81,12 +82,13 @@ PROBABILITY = Range(0, 1)
 
 
 def check_ranges(cfg: Any, ranges: Mapping[str, Range] | None = None) -> None:
-    """Check a config dataclass's numeric fields against its ``RANGES`` (from ``__post_init__``).
+    """Check a config dataclass's fields against its ``RANGES`` and ``CHOICES`` (from
+    ``__post_init__``).
 
     Tuple fields are checked element by element, and a field annotated ``int`` (or a tuple of
     ints) takes integers only; the fields named in its ``ORDERED`` must also be ``(low, high)``
     pairs with ``low <= high``. Raises a one-line :class:`ConfigError` naming the key
-    (``SECTION.field``, e.g. ``optim.lr``) and the valid range. ``ranges`` replaces ``RANGES``.
+    (``SECTION.field``, e.g. ``optim.lr``) and what is valid. ``ranges`` replaces ``RANGES``.
     """
     kind = type(cfg)
     section = f"{kind.SECTION}." if getattr(kind, "SECTION", "") else ""
@@ -99,6 +101,10 @@ def check_ranges(cfg: Any, ranges: Mapping[str, Range] | None = None) -> None:
                 raise ConfigError(f"{section}{name} must be {rng}, got {_show(value)}")
             if name in whole and not isinstance(v, int):
                 raise ConfigError(f"{section}{name} must be an integer {rng}, got {_show(value)}")
+    for name, allowed in getattr(kind, "CHOICES", {}).items():
+        if getattr(cfg, name) not in allowed:
+            shown = ", ".join(map(repr, allowed))
+            raise ConfigError(f"{section}{name} must be one of {shown}, got {getattr(cfg, name)!r}")
     for name in getattr(kind, "ORDERED", ()):
         lo, hi = getattr(cfg, name)
         if lo > hi:

@@ -11,14 +11,7 @@ from torch import nn
 
 from .layers import Attention
 
-__all__ = ["attention_rollout", "check_discard_ratio", "save_heatmap_overlay"]
-
-
-def check_discard_ratio(discard_ratio: float) -> float:
-    """Return the ratio if in ``[0, 1)``: at 1 every link is dropped and the map is undefined."""
-    if not (isinstance(discard_ratio, (int, float)) and 0 <= discard_ratio < 1):
-        raise ValueError(f"discard ratio must be in [0, 1), got {discard_ratio!r}")
-    return discard_ratio
+__all__ = ["attention_rollout", "save_heatmap_overlay"]
 
 
 @torch.no_grad()
@@ -31,7 +24,8 @@ def attention_rollout(
     row-normalised, and the layers are multiplied in order. The class-token row gives the
     map; models without a class token use the mean over all query rows.
     """
-    check_discard_ratio(discard_ratio)
+    if not (isinstance(discard_ratio, (int, float)) and 0 <= discard_ratio < 1):  # 1: no links
+        raise ValueError(f"discard ratio must be in [0, 1), got {discard_ratio!r}")
     if not hasattr(model, "blocks") or not hasattr(model, "embed"):
         raise ValueError(f"attention rollout needs a ViT, got {type(model).__name__}")
     attns = [m for m in model.modules() if isinstance(m, Attention)]

@@ -83,6 +83,7 @@ class AugConfig:
         "label_smoothing": Range(0, 1, hi_open=True),
     }
     ORDERED: ClassVar[tuple[str, ...]] = ("scale", "crop_scale", "crop_ratio")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kind": AUG_KINDS}
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -127,36 +128,14 @@ class DataConfig:
         "crop_pct": Range(0, 1, lo_open=True),
         "train_subset": NON_NEGATIVE,
     }
+    CHOICES: ClassVar[dict[str, tuple]] = {"name": DATASET_NAMES, "in_chans": (0, 1, 3)}
 
     def __post_init__(self) -> None:
         check_ranges(self)
 
 
-def check_configs(cfg: DataConfig, aug: AugConfig | None = None) -> None:
-    """Fail early, naming the field, instead of deep inside a data loader worker."""
-    if cfg.name not in DATASET_NAMES:
-        raise ValueError(f"data.name={cfg.name!r} is unknown; expected one of {DATASET_NAMES}")
-    if cfg.name != "mnist" and not cfg.root:
-        raise ValueError(f"data.root is required for data.name={cfg.name!r}")
-    if cfg.in_chans not in (0, 1, 3):
-        raise ValueError(
-            f"data.in_chans={cfg.in_chans} is invalid; expected 0 (follow data), 1 or 3"
-        )
-    if len(cfg.mean) != len(cfg.std):
-        raise ValueError(f"data.mean has {len(cfg.mean)} values but data.std has {len(cfg.std)}")
-    if aug is not None and aug.kind not in AUG_KINDS:
-        raise ValueError(f"aug.kind={aug.kind!r} is unknown; expected one of {AUG_KINDS}")
-    if aug is not None and (aug.mixup > 0 or aug.cutmix > 0) and cfg.batch_size % 2:
-        # timm's Mixup pairs each image with its mirror in the batch and asserts an even size
-        raise ValueError(
-            f"aug.mixup / aug.cutmix need an even data.batch_size (per process), "
-            f"got {cfg.batch_size}"
-        )
-
-
 def resolve_in_chans(cfg: DataConfig) -> int:
     """Channels the model sees: forced by `cfg.in_chans`, else the dataset's native count."""
-    check_configs(cfg)
     return cfg.in_chans or _NATIVE_CHANS[cfg.name]
 
 
@@ -171,6 +150,8 @@ def resolve_mean_std(cfg: DataConfig) -> tuple[tuple[float, ...], tuple[float, .
     in_chans = resolve_in_chans(cfg)
     if cfg.mean:
         mean, std = tuple(cfg.mean), tuple(cfg.std)
+        if len(mean) != len(std):
+            raise ValueError(f"data.mean has {len(mean)} values but data.std has {len(std)}")
         if len(mean) == 1 and in_chans == 3:
             mean, std = mean * 3, std * 3
         if len(mean) != in_chans:

@@ -23,7 +23,6 @@ from .config import (
     LUMA_WEIGHTS,
     AugConfig,
     DataConfig,
-    check_configs,
     resolve_in_chans,
     resolve_mean_std,
 )
@@ -181,7 +180,6 @@ def _normalize_to_tensor(cfg: DataConfig) -> list[A.BasicTransform]:
 
 def build_eval_transform(cfg: DataConfig) -> ClsTransform:
     """Deterministic validation / prediction preprocessing: resize, centre crop, normalise."""
-    check_configs(cfg)
     pipeline = A.Compose([*_resize_center_crop(cfg), *_normalize_to_tensor(cfg)])
     return ClsTransform(pipeline, resolve_in_chans(cfg))
 
@@ -194,7 +192,6 @@ def build_train_transform(cfg: DataConfig, aug: AugConfig) -> ClsTransform:
     Erasing runs after normalisation with fill 0, i.e. the dataset mean colour, like timm's
     default "const" mode.
     """
-    check_configs(cfg, aug)
     in_chans = resolve_in_chans(cfg)
     size = cfg.img_size
     ops: list[A.BasicTransform] = []

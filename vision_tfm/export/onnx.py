@@ -145,9 +145,8 @@ def export_onnx(
     Raises:
         ValueError: The exporter failed; the message keeps its first line and root cause.
     """
-    from torch.export import Dim
+    from torch.export import Dim  # ``opset`` is checked where it enters (check_opset)
 
-    check_opset(opset)
     dims: dict[int, Any] = {0: Dim.DYNAMIC} if "batch" in dynamic else {}
     if "hw" in dynamic:
         dims.update({2: Dim.DYNAMIC, 3: Dim.DYNAMIC})

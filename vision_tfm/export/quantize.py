@@ -167,13 +167,10 @@ def calibration_images(
     so calibration never sees the val images the int8 model is scored on.
 
     Raises:
-        FileNotFoundError: ``calib_data`` does not exist.
-        ValueError: It holds no images in a layout this function reads.
+        ValueError: ``calib_data`` holds no images in a layout this function reads (that it
+            exists is checked where the flag enters: ``vtfm export`` / ``vtfm benchmark``).
     """
-    if calib_data is not None:
-        calib_data = Path(calib_data)
-        if not calib_data.exists():
-            raise FileNotFoundError(f"calibration data not found: {calib_data}")
+    calib_data = Path(calib_data) if calib_data is not None else None
     if source.task == "grasp":
         ds = source.datasets()[0] if calib_data is None else grasp_views(source.cfg, calib_data)
         return _sample(len(ds), n, seed, lambda i: ds[i][0])

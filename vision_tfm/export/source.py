@@ -22,7 +22,7 @@ from ..grasp import ANGLE_THRESHOLD, MAP_KEYS, GraspMaps, angle_difference, deco
 from ..grasp.metric import grasp_correct
 from ..grasp.predict import flip_averaged
 from ..models import get_model_entry
-from ..train.checkpoint import load_checkpoint
+from ..train.checkpoint import check_meta, load_checkpoint
 from ..train.config import config_hash
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 INPUT_NAME = "image"
-TASKS = ("cls", "grasp")
 
 Runner = Callable[[torch.Tensor], Sequence[torch.Tensor]]
 """A model in any format: a float32 NCHW batch in, its outputs in ``output_names`` order out."""
@@ -243,8 +242,7 @@ class ExportSource:
         return info
 
     def _preprocess(self) -> dict[str, Any]:
-        """The val pipeline step by step, so a runtime without vision_tfm can reproduce it
-        (with another resize filter, 1.3% of an ONNX-only Swin-MNIST's predictions changed)."""
+        """The val pipeline step by step, so a runtime without vision_tfm can reproduce it."""
         if self.task == "cls":
             m = self.meta
             d = self.cfg.data
@@ -501,18 +499,11 @@ def load_source(
 
     path = Path(path)
     ckpt = load_checkpoint(path)
-    meta = dict(ckpt.get("meta") or {})
-    task = meta.get("task")
-    if task not in TASKS:
-        raise ValueError(
-            f"{path}: unknown task {task!r} in the checkpoint; expected one of {TASKS}"
-        )
-    name = meta.get("model_name") or ckpt["config"].get("model", {}).get("name")
-    try:
-        get_model_entry(str(name))
-    except ValueError as e:
-        raise ValueError(f"{path}: checkpoint of an {e}") from None
-    meta["model_name"] = name
+    meta = dict(ckpt["meta"])
+    check_meta(meta, str(path))  # the task and what rebuilding the model reads
+    task = meta["task"]
+    meta["model_name"] = meta.get("model_name") or ckpt["config"].get("model", {}).get("name")
+    get_model_entry(str(meta["model_name"]))  # the name the exported files will carry
     restore = restore_cls_model if task == "cls" else restore_grasp_model
     model, cfg = restore(ckpt, use_ema=use_ema, source=str(path))  # shapes checked on meta
     if data_root is not None:

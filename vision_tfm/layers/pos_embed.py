@@ -24,13 +24,8 @@ __all__ = [
 
 _TABLES = TensorCache(max_entries=32)
 """Fixed tables per (kind, grid, width, dtype, device): rebuilding one in float64 on the CPU
-and copying it over every forward pass is what a model at a fixed size should not pay."""
-
-
-def _cached_table(key: tuple, build):
-    if symbolic(*key):  # a dynamic-shape export builds the table inside the graph
-        return build()
-    return _TABLES.get(key, build)
+and copying it over every forward pass is what a model at a fixed size should not pay. A
+dynamic-shape export (sizes symbolic) is tracing, so it builds them inside the graph."""
 
 
 def resample_abs_pos_embed(
@@ -102,7 +97,7 @@ def sincos_2d(
         return emb.to(device, dtype)
 
     key = (grid_h, grid_w, "sincos", dim, temperature, dtype, torch.device(device or "cpu"))
-    return _cached_table(key, build)
+    return _TABLES.get(key, build)  # built inside the graph while tracing
 
 
 def relative_position_index(window: tuple[int, int]) -> torch.Tensor:
@@ -156,7 +151,7 @@ def rope_2d(
         return ang.sin().to(device, torch.float32), ang.cos().to(device, torch.float32)
 
     key = (grid_h, grid_w, "rope", head_dim, theta, torch.device(device or "cpu"))
-    return _cached_table(key, build)
+    return _TABLES.get(key, build)  # built inside the graph while tracing
 
 
 class Rope(NamedTuple):

@@ -62,13 +62,7 @@ def check_model_config(cfg: Any) -> None:
     kind = type(cfg)
     names = {f.name for f in dataclasses.fields(cfg)}
     base = {k: r for k, r in BASE_RANGES.items() if k in names}
-    check_ranges(cfg, {**base, **getattr(kind, "RANGES", {})})
-    for name, allowed in getattr(kind, "CHOICES", {}).items():
-        value = getattr(cfg, name)
-        if value not in allowed:
-            raise ConfigError(
-                f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
-            )
+    check_ranges(cfg, {**base, **getattr(kind, "RANGES", {})})  # and its CHOICES
     heads = getattr(cfg, "num_heads", None)
     if not isinstance(heads, int):  # per-stage heads: the family checks them (Swin)
         return

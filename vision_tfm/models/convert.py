@@ -78,31 +78,18 @@ def load_torch_file(path: str | os.PathLike) -> Any:
     at all, and unsafe for one that is. Shared by ``load_pretrained`` and the training code.
     """
     path = check_checkpoint_path(path)
-    with open(path, "rb") as f:
-        head = f.read(2)
-    why = ""
-    if not head:
-        why = "the file is empty (0 bytes)"
-    # torch.save writes a zip archive (PK); the legacy format is a pickle (protocol byte 0x80)
-    elif head != b"PK" and head[:1] != b"\x80":
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning is not the news
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle/zip errors carry multi-line messages, or none
+        with open(path, "rb") as f:
+            archive = f.read(2) == b"PK"  # what torch.save writes
         why = "not a PyTorch checkpoint file (expected a torch.save archive)"
-    else:
-        try:
-            with warnings.catch_warnings():  # a foreign pickle's protocol warning is not the news
-                warnings.filterwarnings("ignore", message="Detected pickle protocol")
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # pickle/zip errors carry multi-line messages
-            text = str(e).strip()
-            if "Weights only load failed" not in text:
-                why = text.splitlines()[0].split(". ")[0] if text else type(e).__name__
-            elif head == b"PK":
-                why = (
-                    "it holds pickled Python objects, not only tensors, and is not loaded for "
-                    "safety (save model.state_dict() instead)"
-                )
-            else:
-                why = "not a PyTorch checkpoint file (a plain pickle)"
-    raise CheckpointError(f"cannot read checkpoint {path}: {why}")
+        if archive and "Weights only load failed" in str(e):
+            why = "it holds pickled Python objects, not only tensors, and is not loaded for "
+            why += "safety (save model.state_dict() instead)"
+        raise CheckpointError(f"cannot read checkpoint {path}: {why}") from None
 
 
 def detect_source(sd: Mapping[str, torch.Tensor]) -> str:

@@ -46,6 +46,14 @@ class ClsConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def __post_init__(self) -> None:
+        a = self.aug  # timm's Mixup pairs each image with its mirror: it asserts an even batch
+        if (a.mixup > 0 or a.cutmix > 0) and self.data.batch_size % 2:
+            raise ConfigError(
+                f"aug.mixup / aug.cutmix need an even data.batch_size (per process), "
+                f"got {self.data.batch_size}"
+            )
+
 
 def build_cls_model(
     model_cfg: ModelConfig, num_classes: int, in_chans: int, img_size: int

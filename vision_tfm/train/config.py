@@ -7,6 +7,7 @@ overrides come last. Unknown keys and wrong types fail in one line naming the ke
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -121,6 +122,14 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        from timm.optim import get_optimizer_info, list_optimizers
+
+        try:  # timm parses "lookahead_<name>" the same way
+            get_optimizer_info(self.opt.lower().split("_")[-1])
+        except ValueError:
+            close = difflib.get_close_matches(self.opt.lower(), list_optimizers(), n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "see list_optimizers()"
+            raise ConfigError(f"optim.opt={self.opt!r} is not a timm optimizer; {hint}") from None
 
 
 @dataclass
@@ -201,6 +210,10 @@ class RunConfig:
         "threads": NON_NEGATIVE,
         "log_interval": AT_LEAST_ONE,
         "stop_after": NON_NEGATIVE,
+    }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "precision": ("fp32", "amp", "bf16", "auto"),
+        "device": ("auto", "cpu", "cuda"),
     }
 
     def __post_init__(self) -> None:

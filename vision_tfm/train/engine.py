@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import os
 import random
@@ -38,7 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from timm.optim import create_optimizer_v2, get_optimizer_info, list_optimizers
+from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
@@ -72,9 +71,6 @@ __all__ = [
     "build_optimizer",
     "make_run_dir",
 ]
-
-PRECISIONS = ("fp32", "amp", "bf16", "auto")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 class NonFiniteLossError(VisionTfmError, RuntimeError):
@@ -193,6 +189,11 @@ def _reseed_transforms(ds: Dataset, seed: int) -> None:
         ds = getattr(ds, "dataset", None)
 
 
+def _full_batches(n: int, batch_size: int, distributed: bool) -> int:
+    """Full batches of ``n`` items per epoch on this rank (DistributedSampler pads to equal)."""
+    return (math.ceil(n / world_size()) if distributed else n) // batch_size
+
+
 def _ignore_sigint(worker_id: int) -> None:
     """DataLoader workers leave Ctrl-C to the main process, which still needs them to finish
     the update it is in (a terminal sends SIGINT to the whole process group)."""
@@ -251,10 +252,9 @@ class _EpochBatches(Sampler):
                 yield [(self.epoch, index) for index in batch]
 
     def __len__(self) -> int:
-        n = len(self.dataset)
-        if self.distributed:
-            n = math.ceil(n / world_size())
-        return max(n // self.batch_size - self.skip, 0)
+        return max(
+            _full_batches(len(self.dataset), self.batch_size, self.distributed) - self.skip, 0
+        )
 
 
 class Trainer:
@@ -309,28 +309,8 @@ class Trainer:
         o = self.cfg.optim
         return o.lr * batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
 
-    def _check_config(self) -> None:
-        """Cheap checks of the names the loop reads, so a bad value fails before anything is
-        built or written (not mid-run, or beside a half-made run dir)."""
-        c = self.cfg  # numeric ranges are checked by the config dataclasses themselves
-        for key, value, allowed in (
-            ("run.precision", c.run.precision, PRECISIONS),
-            ("run.device", c.run.device, DEVICES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
-        try:  # timm parses "lookahead_<name>" the same way
-            get_optimizer_info(c.optim.opt.lower().split("_")[-1])
-        except ValueError:
-            close = difflib.get_close_matches(c.optim.opt.lower(), list_optimizers(), n=3)
-            hint = "see timm.optim.list_optimizers()"
-            if close:
-                hint = f"did you mean {', '.join(close)}?"
-            raise ValueError(f"optim.opt={c.optim.opt!r} is not a timm optimizer; {hint}") from None
-
     def _setup(self) -> None:
         cfg = self.cfg
-        self._check_config()
         if is_main() and self.resume_path is None:  # a read-only out dir fails before any work
             check_writable_dir(self._run_dir or cfg.run.out_dir, "run.out_dir")
         if cfg.run.threads > 0:
@@ -401,13 +381,7 @@ class Trainer:
                 f"{self.resume_path} holds a {ck_name!r} checkpoint, but the config asks for "
                 f"{self.meta['model_name']!r}"
             )
-        own, theirs = model.state_dict(), self.ckpt["model"]
-        bad = [k for k in own if k not in theirs or theirs[k].shape != own[k].shape]
-        if bad or set(theirs) - set(own):
-            raise ValueError(
-                f"{self.resume_path} does not fit model {ck_name!r} as configured "
-                f"(first mismatch: {(bad or sorted(set(theirs) - set(own)))[0]})"
-            )
+        check_fits(lambda: model, self.ckpt["model"], str(self.resume_path))  # as configured now
 
     def _restore(self, ck: dict[str, Any]) -> None:
         self.model.load_state_dict(ck["model"])
@@ -442,10 +416,7 @@ class Trainer:
             )
 
     def _num_batches(self) -> int:
-        n = len(self.train_ds)
-        if self.distributed:
-            n = math.ceil(n / world_size())
-        return n // self.task.batch_size
+        return _full_batches(len(self.train_ds), self.task.batch_size, self.distributed)
 
     def _train_loader(self) -> DataLoader:
         """The one training loader of the run; :meth:`_train_epoch` points it at each epoch."""

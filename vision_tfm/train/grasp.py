@@ -73,6 +73,12 @@ __all__ = [
 ]
 
 
+IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
+_MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
+_QUALITY_LOSSES = ("bce", "regress")
+_GEOMETRY = ("all", "graspable")
+
+
 @dataclass
 class GraspDataConfig:
     """Grasp data, input channels, split and augmentation.
@@ -147,17 +153,16 @@ class GraspDataConfig:
         "fold": NON_NEGATIVE,
     }
     ORDERED: ClassVar[tuple[str, ...]] = ("zoom",)
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "dataset": ("cornell", "jacquard"),
+        "input": tuple(IN_CHANS),
+        "split": ("image", "object"),
+        "train_crop": CROP_MODES,
+        "normalise": NORMALISE_MODES,
+    }
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.train_crop not in CROP_MODES:
-            raise ConfigError(
-                f"data.train_crop must be one of {CROP_MODES}, got {self.train_crop!r}"
-            )
-        if self.normalise not in NORMALISE_MODES:
-            raise ConfigError(
-                f"data.normalise must be one of {NORMALISE_MODES}, got {self.normalise!r}"
-            )
         if self.folds and not self.fold < self.folds:
             raise ConfigError(f"data.fold must be in [0, {self.folds}), got {self.fold}")
 
@@ -185,6 +190,11 @@ class GraspLossConfig:
 
     SECTION: ClassVar[str] = "loss"
     RANGES: ClassVar[dict[str, Range]] = {"width_weight": NON_NEGATIVE}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "maps": tuple(_MAP_LOSSES),
+        "quality": _QUALITY_LOSSES,
+        "geometry": _GEOMETRY,
+    }
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -253,12 +263,6 @@ class GraspConfig:
     run: RunConfig = field(default_factory=lambda: RunConfig(out_dir="runs/grasp"))
 
 
-IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
-_MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
-_QUALITY_LOSSES = ("bce", "regress")
-_GEOMETRY = ("all", "graspable")
-
-
 def check_grasp_model(name: str) -> None:
     """Refuse a classifier up front; its logits would fail in the loss as an IndexError."""
     get_model_entry(name)  # an unknown name gets the registry's own error
@@ -273,8 +277,6 @@ def check_grasp_model(name: str) -> None:
 def build_grasp_model(cfg: GraspConfig) -> nn.Module:
     """The registered grasp model with channels from the configured input."""
     check_grasp_model(cfg.model.name)
-    if cfg.data.input not in IN_CHANS:
-        raise ConfigError(f"data.input must be one of {sorted(IN_CHANS)}, got {cfg.data.input!r}")
     return cfg.model.create(in_chans=IN_CHANS[cfg.data.input])
 
 
@@ -284,18 +286,6 @@ class GraspTask:
     metric = "grasp_acc"
 
     def __init__(self, cfg: GraspConfig) -> None:
-        if cfg.loss.maps not in _MAP_LOSSES:
-            raise ConfigError(
-                f"loss.maps must be one of {list(_MAP_LOSSES)}, got {cfg.loss.maps!r}"
-            )
-        if cfg.loss.quality not in _QUALITY_LOSSES:
-            raise ConfigError(
-                f"loss.quality must be one of {list(_QUALITY_LOSSES)}, got {cfg.loss.quality!r}"
-            )
-        if cfg.loss.geometry not in _GEOMETRY:
-            raise ConfigError(
-                f"loss.geometry must be one of {list(_GEOMETRY)}, got {cfg.loss.geometry!r}"
-            )
         check_grasp_model(cfg.model.name)
         self.cfg = cfg
         self.batch_size = cfg.data.batch_size

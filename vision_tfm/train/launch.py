@@ -93,11 +93,7 @@ def resolve_config(
             base = apply_overrides(default, ckpt["config"])
         except ConfigError as e:
             raise ConfigError(f"{args.resume}: the checkpoint's config: {e}") from None
-        if args.model and over.get("model.name", base.model.name) != base.model.name:
-            raise ValueError(
-                f"{args.resume} holds a {base.model.name!r} checkpoint, "
-                f"but --model asks for {over['model.name']!r}"
-            )
+        # another model.name is refused by the Trainer, which checks every resume
         if args.model and "model.name" not in over:  # a recipe alias: check it names this model
             import yaml
 

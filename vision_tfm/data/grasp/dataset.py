@@ -42,7 +42,6 @@ from .annotations import (
 )
 from .images import (
     DEPTH_CLIP,
-    NORMALISE_MODES,
     GraspAugment,
     crop_box,
     crop_resize,
@@ -106,20 +105,6 @@ class GraspDataset(Dataset):
         Raises:
             FileNotFoundError: ``input`` needs depth and a view has no depth file.
         """
-        if input not in ("rgb", "depth", "rgbd"):
-            raise ValueError(f"input must be 'rgb', 'depth' or 'rgbd', got {input!r}")
-        if repeat < 1:
-            raise ValueError(f"repeat must be >= 1, got {repeat}")
-        if output_size < 1:
-            raise ValueError(f"output_size must be >= 1, got {output_size}")
-        if crop_size is not None and crop_size < 0:
-            raise ValueError(
-                f"crop_size must be >= 0 (0 or None: the shorter side), got {crop_size}"
-            )
-        if crop not in CROP_MODES:
-            raise ValueError(f"crop must be one of {CROP_MODES}, got {crop!r}")
-        if normalise not in NORMALISE_MODES:
-            raise ValueError(f"normalise must be one of {NORMALISE_MODES}, got {normalise!r}")
         if input != "rgb":
             for v in views:
                 if v.depth_path is None:
@@ -330,8 +315,6 @@ def build_grasp_datasets(
     full = cls(root, **kwargs, crop="centre")
     groups = [v.object_id for v in full.views]
     if folds:
-        if not 0 <= fold < folds:
-            raise ValueError(f"fold must be in [0, {folds}), got {fold}")
         train_ids, val_ids, how = kfold_splits(full.ids, folds, split, seed, groups)[fold]
     else:
         train_ids, val_ids, how = split_ids(full.ids, split, train_frac, seed, groups=groups)
