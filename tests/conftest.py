@@ -1,12 +1,41 @@
-"""Shared test helpers: tiny versions of every registered model."""
+"""Shared test helpers: tiny versions of every registered model, error checks that pin names."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
 
 import vision_tfm as vt
 from vision_tfm.models.registry import get_model_entry
+
+
+def _as_word(name: str) -> str:
+    """A regex for ``name`` standing alone: ``2`` is not found in ``12`` or ``2.5``, ``epochs``
+    not in ``epochs_max``; a number may touch letters (``600`` in ``600x600``)."""
+    edge = {True: (r"(?<![\d.])", r"(?!\d|\.\d)"), False: (r"(?<!\w)", r"(?!\w)")}
+    head = edge[name[0].isdigit()][0] if re.match(r"\w", name) else ""
+    tail = edge[name[-1].isdigit()][1] if re.match(r"\w", name[-1]) else ""
+    return head + re.escape(name) + tail
+
+
+def assert_names(message: str, *names: object) -> None:
+    """``message`` is one line and names each of ``names`` (a key, file, flag or number) as a
+    word of its own. Error tests pin what the message points at, never the sentence around it."""
+    assert "\n" not in message.strip(), message
+    missing = [n for n in names if not re.search(_as_word(str(n)), message)]
+    assert not missing, f"{message!r} does not name {missing}"
+
+
+@contextmanager
+def raises_naming(kind: type[BaseException], *names: object) -> Iterator[pytest.ExceptionInfo]:
+    """``pytest.raises(kind)`` whose one-line message names each of ``names``."""
+    with pytest.raises(kind) as info:
+        yield info
+    assert_names(str(info.value), *names)
 
 
 def tiny_overrides(name: str) -> dict:

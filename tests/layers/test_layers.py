@@ -4,7 +4,9 @@ import math
 
 import pytest
 import torch
+from conftest import raises_naming
 
+from vision_tfm.errors import InputError
 from vision_tfm.layers import (
     NORM_PLACEMENTS,
     Attention,
@@ -88,9 +90,9 @@ def test_attention_matches_manual_softmax():
 
 
 def test_attention_rejects_bad_heads_and_float_mask():
-    with pytest.raises(ValueError, match="not divisible"):
+    with raises_naming(ValueError, 10, 3):  # dim, num_heads
         Attention(10, 3)
-    with pytest.raises(ValueError, match="bool"):
+    with raises_naming(InputError, "bool", "torch.float32"):  # the dtype wanted, the one given
         Attention(8, 2)(torch.randn(1, 3, 8), mask=torch.ones(3, 3))
 
 

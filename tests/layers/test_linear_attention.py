@@ -5,8 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import raises_naming
 
 import vision_tfm as vt
+from vision_tfm.config import ConfigError
+from vision_tfm.errors import InputError
 from vision_tfm.layers import Attention, FeatureMap, fast_weight_attention, linear_attention
 
 MAPS = ["elu1", "relu", "favor"]
@@ -150,9 +153,9 @@ def test_linear_attention_weights_explain_its_output() -> None:
 def test_linear_attention_refuses_bias_and_query_masks() -> None:
     attn = Attention(16, 2, attn_type="linear")
     x = torch.randn(1, 4, 16)
-    with pytest.raises(ValueError, match="bias"):
+    with raises_naming(InputError, "bias"):
         attn(x, bias=torch.zeros(2, 4, 4))
-    with pytest.raises(ValueError, match="key-padding"):
+    with raises_naming(InputError, "(4, 4)"):  # a (N, N) query mask; key-padding is (..., 1, N)
         attn(x, mask=torch.ones(4, 4, dtype=torch.bool))
 
 
@@ -177,10 +180,10 @@ def test_models_select_linear_attention_through_their_config(name: str) -> None:
     ],
 )
 def test_bad_attention_options_name_the_key(over: dict, key: str) -> None:
-    with pytest.raises(ValueError, match=key):
+    with raises_naming(ConfigError, "vit_test", key, over[key]):
         vt.create_model("vit_test", **over)
 
 
 def test_swin_keeps_softmax() -> None:
-    with pytest.raises(ValueError, match="attn_type"):
+    with raises_naming(ConfigError, "swin_mnist", "attn_type"):
         vt.create_model("swin_mnist", attn_type="linear")

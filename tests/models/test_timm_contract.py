@@ -13,13 +13,14 @@ decay through ``group_matcher``.
 import pytest
 import timm
 import torch
-from conftest import tiny_overrides
+from conftest import raises_naming, tiny_overrides
 from timm.layers import get_notrace_functions, get_notrace_modules
 from timm.models._features import FeatureGetterNet
 from timm.optim import create_optimizer_v2
 from torchvision.models.feature_extraction import create_feature_extractor
 
 import vision_tfm as vt
+from vision_tfm.errors import InputError
 from vision_tfm.layers import Block
 from vision_tfm.models.registry import get_model_entry
 from vision_tfm.train.config import OptimConfig
@@ -142,7 +143,7 @@ def test_vit_intermediates_formats_norm_and_prefix_tokens():
         (nhwc,) = swin.forward_intermediates(x, [2], output_fmt="NHWC", intermediates_only=True)
         (nchw,) = swin.forward_intermediates(x, [2], intermediates_only=True)
     torch.testing.assert_close(nhwc.permute(0, 3, 1, 2), nchw)
-    with pytest.raises(ValueError, match="output_fmt"):
+    with raises_naming(InputError, "output_fmt", "NLC"):
         swin.forward_intermediates(x, output_fmt="NLC")
 
 

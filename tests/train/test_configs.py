@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from conftest import raises_naming
 
 from vision_tfm.config import ConfigError, apply_overrides, parse_cli_overrides
 from vision_tfm.train import ClsConfig, load_config
@@ -50,27 +51,25 @@ def test_override_typing_rules():
     )
     assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
     assert cfg.aug.scale == (0.8, 1.2) and cfg.model.kwargs == {"depth": 2}
-    with pytest.raises(
-        ConfigError, match=r"config key 'sched.epochs': expected an integer, got 2.5"
-    ):
+    with raises_naming(ConfigError, "sched.epochs", "2.5"):
         apply_overrides(ClsConfig(), {"sched.epochs": 2.5})
-    with pytest.raises(ConfigError, match=r"config key 'run.plots': expected true/false"):
+    with raises_naming(ConfigError, "run.plots", "yes please"):
         apply_overrides(ClsConfig(), {"run.plots": "yes please"})
-    with pytest.raises(ConfigError, match=r"config key 'aug.scale': expected 2 values, got 3"):
+    with raises_naming(ConfigError, "aug.scale", 2, 3):  # expects 2 values, got 3
         apply_overrides(ClsConfig(), {"aug.scale": [1, 2, 3]})
-    with pytest.raises(ConfigError, match=r"unknown config key 'dat'; did you mean data"):
+    with raises_naming(ConfigError, "dat", "data"):  # the unknown key and the closest one
         apply_overrides(ClsConfig(), {"dat.name": "x"})
-    with pytest.raises(ConfigError, match=r"not of the form"):
+    with raises_naming(ConfigError, "optim.lr"):
         parse_cli_overrides(["optim.lr"])
 
 
 def test_yaml_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("optim:\n  lr: [1, 2\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML"):
+    with raises_naming(ConfigError, bad):
         load_config(ClsConfig(), bad, {})
     bad.write_text("optim:\n  learning_rate: 1\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: unknown config key 'optim.learning_rate'"):
+    with raises_naming(ConfigError, bad, "optim.learning_rate"):
         load_config(ClsConfig(), bad, {})
-    with pytest.raises(FileNotFoundError, match=r"config file not found"):
+    with raises_naming(FileNotFoundError, tmp_path / "none.yaml"):
         load_config(ClsConfig(), tmp_path / "none.yaml", {})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_names, raises_naming
 
 from vision_tfm.config import ConfigError, apply_overrides, parse_cli_overrides
 from vision_tfm.errors import CheckpointError, RunDirError
@@ -78,14 +79,13 @@ ISSUE_SETTINGS = [
 
 
 @pytest.mark.parametrize(("item", "key"), ISSUE_SETTINGS)
-def test_settings_that_ruined_a_run_are_refused_naming_key_and_range(item, key) -> None:
-    with pytest.raises(ConfigError, match=rf"^{key} must be .*(\[|\(|>).*, got ") as e:
+def test_settings_that_ruined_a_run_are_refused_naming_key_and_value(item, key) -> None:
+    with raises_naming(ConfigError, key, item.split("=")[1]):
         apply_overrides(ClsConfig(), parse_cli_overrides([item]))
-    assert "\n" not in str(e.value)
 
 
 def test_grasp_width_scale_zero_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^data\.width_scale must be > 0, got 0"):
+    with raises_naming(ConfigError, "data.width_scale", 0):
         apply_overrides(GraspConfig(), parse_cli_overrides(["data.width_scale=0"]))
 
 
@@ -111,13 +111,12 @@ def test_every_float_setting_refuses_nan_and_inf(default) -> None:
             value = getattr(value, part)
         for bad in (math.nan, math.inf, -math.inf):
             new = [bad] * max(len(value), 1) if isinstance(value, (tuple, list)) else bad
-            with pytest.raises(ConfigError, match=rf"{key}\b") as e:
+            with raises_naming(ConfigError, key):
                 apply_overrides(default, {key: new})
-            assert "\n" not in str(e.value)
 
 
 def test_bad_yaml_in_an_override_names_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"override 'model\.kwargs': .* not valid YAML"):
+    with raises_naming(ConfigError, "model.kwargs"):
         parse_cli_overrides(["model.kwargs={embed_dim: [16"])
 
 
@@ -136,8 +135,8 @@ def test_cli_refuses_bad_settings_in_one_line(tmp_path, script, args, key) -> No
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         timeout=300,
     )
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and key in lines[0], r.stderr
+    assert r.returncode == 2, r.stderr
+    assert_names(r.stderr, key)
     assert not list(tmp_path.iterdir())
 
 
@@ -157,7 +156,7 @@ def test_resume_in_a_user_folder_never_touches_its_files(stopped_run, tmp_path, 
     assert {p.name: p.read_bytes() for p in user.iterdir()} == before
     assert precious.read_text() == "do not overwrite\n"
     assert trainer.run_dir.parent == tmp_path / "runs" and (trainer.run_dir / "last.pt").is_file()
-    assert "is not in a run dir vision_tfm made" in capsys.readouterr().out
+    assert str(user) in capsys.readouterr().out  # says why it left the folder alone
 
 
 def test_resume_never_writes_through_a_symlink_in_its_run_dir(stopped_run, tmp_path) -> None:
@@ -182,8 +181,7 @@ def test_resume_in_place_in_its_own_run_dir_and_clears_stale_temps(stopped_run, 
 def test_a_second_resume_of_a_run_dir_in_use_names_the_pid(stopped_run, tmp_path) -> None:
     own = _copy_run(stopped_run, tmp_path / "runs" / "vit_mnist-x")
     before = (own / "metrics.csv").read_bytes()
-    held = rf"in use by another run \(PID {os.getpid()}\)"
-    with RunLock(own), pytest.raises(RunDirError, match=held):  # the first resume, running
+    with RunLock(own), raises_naming(RunDirError, own, os.getpid()):  # the first resume runs
         run(tiny_cfg(tmp_path / "runs"), resume=own / "last.pt")
     assert (own / "metrics.csv").read_bytes() == before
 
@@ -206,7 +204,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path) -> None:
     (tmp_path / LOCK_FILE).write_text("999999999\n")  # a PID file nobody holds a lock on
     with RunLock(tmp_path):
         assert (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
-    with RunLock(tmp_path), pytest.raises(RunDirError, match=f"PID {os.getpid()}"):
+    with RunLock(tmp_path), raises_naming(RunDirError, tmp_path, os.getpid()):
         RunLock(tmp_path).acquire()
 
 
@@ -223,9 +221,9 @@ def test_read_only_out_dir_fails_up_front(tmp_path, monkeypatch) -> None:
     built = []
     monkeypatch.setattr(ClassificationTask, "build", lambda self: built.append(1))
     cfg = tiny_cfg(READ_ONLY)
-    with pytest.raises(RunDirError, match=r"run\.out_dir: cannot write in /sys") as e:
+    with raises_naming(RunDirError, "run.out_dir", "/sys"):
         Trainer(cfg, ClassificationTask(cfg)).fit()
-    assert not built and "\n" not in str(e.value)
+    assert not built
 
 
 # ------------------------------------------------------------------------------ faults
@@ -250,9 +248,8 @@ def test_full_disk_mid_checkpoint(tmp_path, monkeypatch, fail) -> None:
     atomic_save({"w": torch.ones(2)}, path)
     before = path.read_bytes()
     monkeypatch.setattr(torch, "save", fail)
-    with pytest.raises(RunDirError, match=r"cannot write checkpoint .*last\.pt.*unchanged") as e:
+    with raises_naming(RunDirError, path):
         atomic_save({"w": torch.zeros(2)}, path)
-    assert "\n" not in str(e.value)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
 
 
@@ -267,9 +264,11 @@ def test_non_finite_weights_are_never_written(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(Trainer, "_evaluate", poison)
     cfg = tiny_cfg(tmp_path)
     trainer = Trainer(cfg, ClassificationTask(cfg))
-    with pytest.raises(NonFiniteLossError, match=r"holds NaN or inf.*no checkpoint yet"):
+    with pytest.raises(NonFiniteLossError) as e:
         trainer.fit()
     assert not (trainer.run_dir / "last.pt").exists()
+    assert_names(str(e.value), next(name for name, _ in trainer.model.named_parameters()))
+    assert "last.pt" not in str(e.value)  # no checkpoint to point at yet
 
 
 # ------------------------------------------------------------------------------ checkpoints
@@ -316,15 +315,15 @@ def test_predict_refuses_nan_weights_naming_the_tensor(tmp_path, digit, capsys) 
     ck["model"]["blocks.0.attn.qkv.weight"][0, 0] = math.nan
     torch.save(ck, path)
     code, err = _vtfm(capsys, "predict", digit, "--checkpoint", path)
-    assert code == 2 and "'blocks.0.attn.qkv.weight' holds NaN or inf" in err
-    assert len(err.strip().splitlines()) == 1
+    assert code == 2
+    assert_names(err, "blocks.0.attn.qkv.weight")
 
 
 def test_load_pretrained_refuses_non_finite_tensors() -> None:
     model = create_model("vit_test")
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     sd["pos_embed"][0, 0, 0] = math.inf
-    with pytest.raises(CheckpointError, match="'pos_embed' holds NaN or inf"):
+    with raises_naming(CheckpointError, "pos_embed"):
         load_pretrained(model, sd)
 
 
@@ -343,16 +342,15 @@ def test_edited_meta_is_a_one_line_error_naming_the_field(tmp_path, meta, key) -
     from vision_tfm.export.source import load_source
 
     path = _ckpt(tmp_path / "ck.pt", meta=meta)
-    with pytest.raises(CheckpointError, match=f"meta '{key}' must be") as e:
+    with raises_naming(CheckpointError, path, key):
         load_source(path)  # what export and benchmark build on
-    assert "\n" not in str(e.value)
 
 
 def test_config_asking_for_a_huge_model_is_refused_before_allocating(tmp_path) -> None:
     path = _ckpt(tmp_path / "ck.pt")
     ck = torch.load(path, weights_only=True)
     ck["config"]["model"]["kwargs"]["embed_dim"] = 65536  # 51 G parameters if built
-    with pytest.raises(CheckpointError, match=r"do not fit the model its config describes"):
+    with raises_naming(CheckpointError, 16, 65536):  # the width saved, the width asked for
         restore_cls_model(ck)
 
 
@@ -361,7 +359,7 @@ def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_
     ck["config"]["model"]["kwargs"]["embed_dim"] = 65536  # what --resume builds the model from
     own = _copy_run(stopped_run, tmp_path / "runs" / "vit_mnist-x")
     torch.save(ck, own / "last.pt")
-    with pytest.raises(CheckpointError, match=r"last\.pt: the weights do not fit"):
+    with raises_naming(CheckpointError, own / "last.pt"):
         run(tiny_cfg(tmp_path / "runs", **{"model.kwargs.embed_dim": 65536}), own / "last.pt")
 
 
@@ -369,7 +367,8 @@ def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_
 def test_benchmark_refuses_unending_or_meaningless_seconds(tmp_path, capsys, seconds) -> None:
     path = _ckpt(tmp_path / "ck.pt")
     code, err = _vtfm(capsys, "benchmark", "--checkpoint", path, "--seconds", seconds)
-    assert code == 2 and "--seconds must be in [0, " in err
+    assert code == 2
+    assert_names(err, "--seconds", seconds)
 
 
 def test_benchmark_checks_its_output_folder_before_any_work(tmp_path, capsys, monkeypatch) -> None:
@@ -379,7 +378,8 @@ def test_benchmark_checks_its_output_folder_before_any_work(tmp_path, capsys, mo
     monkeypatch.setattr(export, "benchmark_checkpoint", lambda *a, **k: pytest.fail("worked"))
     path = _ckpt(tmp_path / "ck.pt")
     code, err = _vtfm(capsys, "benchmark", "--checkpoint", path, "--out", READ_ONLY, "--quick")
-    assert code == 2 and "--out: cannot write in /sys" in err
+    assert code == 2
+    assert_names(err, "--out", "/sys")
 
 
 def test_export_checks_its_output_folder_before_any_work(tmp_path, capsys, monkeypatch) -> None:
@@ -389,4 +389,5 @@ def test_export_checks_its_output_folder_before_any_work(tmp_path, capsys, monke
     monkeypatch.setattr(pipeline, "load_source", lambda *a, **k: pytest.fail("worked"))
     path = _ckpt(tmp_path / "ck.pt")
     code, err = _vtfm(capsys, "export", "--checkpoint", path, "--out", READ_ONLY / "m.onnx")
-    assert code == 2 and "--out: cannot write in /sys" in err
+    assert code == 2
+    assert_names(err, "--out", "/sys")
