@@ -15,8 +15,9 @@ from vision_tfm.models.registry import get_model_entry
 
 def _as_word(name: str) -> str:
     """A regex for ``name`` standing alone: ``2`` is not found in ``12`` or ``2.5``, ``epochs``
-    not in ``epochs_max``; a number may touch letters (``600`` in ``600x600``)."""
-    edge = {True: (r"(?<![\d.])", r"(?!\d|\.\d)"), False: (r"(?<!\w)", r"(?!\w)")}
+    not in ``epochs_max``; a number may touch letters (``600`` in ``600x600``), and an integer
+    may be shown as a float (``5`` as ``5.0``, after a float field coerced it)."""
+    edge = {True: (r"(?<![\d.])", r"(?:\.0+)?(?!\d|\.\d)"), False: (r"(?<!\w)", r"(?!\w)")}
     head = edge[name[0].isdigit()][0] if re.match(r"\w", name) else ""
     tail = edge[name[-1].isdigit()][1] if re.match(r"\w", name[-1]) else ""
     return head + re.escape(name) + tail
