@@ -155,8 +155,8 @@ def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> Atten
             return AttentionPlan(fused=True)
         if not (bf16 or q.dim() > 4):
             return AttentionPlan(fused=True)
-    # benchmarks/bench_vs_timm.py (Swin-T, whole model): in inference an fp32 bias add and
-    # softmax beat the bf16 softmax kernel; under autograd the fp32 backward costs more.
+    # inference reaches here only when the weights are wanted: bias and softmax in fp32 hand
+    # them back unrounded; under autograd the fp32 backward costs more (bench_vs_timm.py).
     upcast = has_bias and q.dtype in LOW_PRECISION and not training
     # benchmarks/bench_vs_timm.py (Swin-T, whole model): contiguous q, k, v speed up the eager
     # training step's matmuls; in inference the strided views are faster, and graphs
