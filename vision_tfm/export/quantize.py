@@ -15,7 +15,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -30,13 +29,12 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from .source import INPUT_NAME, ExportSource, ImageList, list_images
+from .source import INPUT_NAME, ExportSource
 
 __all__ = [
     "INT8_MODES",
     "TensorCalibrationReader",
     "calibration_images",
-    "grasp_views",
     "quantize_int8",
 ]
 
@@ -170,47 +168,11 @@ def calibration_images(
         ValueError: ``calib_data`` holds no images in a layout this function reads (that it
             exists is checked where the flag enters: ``vtfm export`` / ``vtfm benchmark``).
     """
-    calib_data = Path(calib_data) if calib_data is not None else None
-    if source.task == "grasp":
-        ds = source.datasets()[0] if calib_data is None else grasp_views(source.cfg, calib_data)
-        return _sample(len(ds), n, seed, lambda i: ds[i][0])
     if calib_data is None:
         ds = source.datasets()[0]
-        return _sample(len(ds), n, seed, lambda i: ds[i][0])
-    return _folder_images(source, calib_data, n, seed)
-
-
-def _sample(total: int, n: int, seed: int, get: Any) -> torch.Tensor:
-    if total == 0:
+    else:
+        ds = source.folder_dataset(Path(calib_data), "calibration images")
+    if len(ds) == 0:
         raise ValueError("the calibration data holds no images")
-    idx = np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)])
-    return torch.stack([get(int(i)) for i in idx])
-
-
-def grasp_views(cfg: Any, root: Path) -> Any:
-    """Every view of a grasp dataset of ``cfg``'s kind under ``root``, cropped and resized as
-    validation does (RGB-D needs its own reader)."""
-    from ..data.grasp import build_grasp_datasets
-
-    d = cfg.data
-    train, val, _ = build_grasp_datasets(
-        d.dataset,
-        root,
-        augment=False,
-        train_frac=d.train_frac,
-        input=d.input,
-        output_size=d.output_size,
-        crop_size=d.crop_size or None,
-        width_scale=d.width_scale,
-    )
-    return torch.utils.data.ConcatDataset([train, val])
-
-
-def _folder_images(source: ExportSource, root: Path, n: int, seed: int) -> torch.Tensor:
-    """Read MNIST idx, CIFAR-10, ImageFolder or plain image folders with eval preprocessing."""
-    from ..data import build_eval_transform
-    from ..train.classification import eval_data_config
-
-    transform = build_eval_transform(eval_data_config(source.cfg, source.meta))
-    ds = ImageList(list_images(root, "calibration images"), source.in_chans, transform)
-    return _sample(len(ds), n, seed, lambda i: ds[i][0])
+    idx = np.sort(np.random.default_rng(seed).permutation(len(ds))[:n])
+    return torch.stack([ds[int(i)][0] for i in idx])

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, default_collate
 
 from ..grasp import ANGLE_THRESHOLD, MAP_KEYS, GraspMaps, angle_difference, decode_grasps
 from ..grasp.metric import grasp_correct
@@ -145,7 +145,13 @@ class ExportSource:
                     f"{self.path}: its data.root {root} does not exist from here (a relative "
                     "root is read from the current folder); pass --data with the dataset folder"
                 )
-            self._data = _grasp_datasets(self.cfg) if self.task == "grasp" else self._cls_data()
+            if self.task == "cls":
+                self._data = self._cls_data()
+            elif not root:
+                raise ValueError("the grasp checkpoint names no data.root, so there is no val set")
+            else:
+                split = dict(split=d.split, seed=self.cfg.run.seed, folds=d.folds, fold=d.fold)
+                self._data = grasp_split(self.cfg, root, **split)
         return self._data
 
     def _cls_data(self) -> tuple[Dataset, Dataset]:
@@ -156,6 +162,17 @@ class ExportSource:
         # transform identical to the eval one, which is what calibration wants.
         data = build_cls_datasets(eval_data_config(self.cfg, self.meta), AugConfig(kind="none"))
         return data.train, data.val
+
+    def folder_dataset(self, root: Path, what: str = "images") -> Dataset:
+        """Every image under ``root`` with eval preprocessing: a grasp dataset's views
+        (cropped as validation crops them), or what :func:`list_images` finds."""
+        if self.task == "grasp":
+            return ConcatDataset(grasp_split(self.cfg, root))
+        from ..data import build_eval_transform
+        from ..train.classification import eval_data_config
+
+        transform = build_eval_transform(eval_data_config(self.cfg, self.meta))
+        return ImageList(list_images(root, what), self.in_chans, transform)
 
     def batches(self, split: str, batch_size: int, limit: int = 0) -> list[tuple]:
         """The first ``limit`` (0 = all) items of ``split`` as collated batches held in memory."""
@@ -314,16 +331,7 @@ class ModelSource(ExportSource):
         """The image folder (a grasp dataset's every view, for a grasp model), twice: it is
         both the calibration and the agreement set."""
         if self._data is None:
-            if self.task == "grasp":
-                from .quantize import grasp_views
-
-                ds = grasp_views(self.cfg, self.images)
-            else:
-                from ..data import build_eval_transform
-                from ..train.classification import eval_data_config
-
-                transform = build_eval_transform(eval_data_config(self.cfg, self.meta))
-                ds = ImageList(list_images(self.images), self.in_chans, transform)
+            ds = self.folder_dataset(self.images)
             self._data = (ds, ds)
         return self._data
 
@@ -459,25 +467,22 @@ def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std
     }
 
 
-def _grasp_datasets(cfg: Any) -> tuple[Dataset, Dataset]:
+def grasp_split(cfg: Any, root: str | os.PathLike, **split: Any) -> tuple[Dataset, Dataset]:
+    """(train, val) of ``cfg``'s grasp dataset kind under ``root``, both preprocessed as
+    validation is; ``split`` as :func:`~vision_tfm.data.grasp.build_grasp_datasets` takes it."""
     from ..data.grasp import build_grasp_datasets
 
     d = cfg.data
-    if not d.root:
-        raise ValueError("the grasp checkpoint names no data.root, so there is no val set")
     train, val, _ = build_grasp_datasets(
         d.dataset,
-        d.root,
-        split=d.split,
+        root,
         train_frac=d.train_frac,
-        seed=cfg.run.seed,
-        folds=d.folds,
-        fold=d.fold,
         augment=False,
         input=d.input,
         output_size=d.output_size,
         crop_size=d.crop_size or None,
         width_scale=d.width_scale,
+        **split,
     )
     return train, val
 
