@@ -847,6 +847,7 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
     from PIL import Image
 
     from vision_tfm.data.grasp import load_depth
+    from vision_tfm.export import load_source
     from vision_tfm.grasp import angle_difference, predict_grasps
 
     if normalise == "fixed":
@@ -855,6 +856,7 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
         ckpt, _ = _train_tiny_grasp(tmp_path / "run", **{"data.normalise": "image"})
     model = tmp_path / "model.onnx"
     vtfm("export", "--checkpoint", ckpt, "--out", model)
+    assert load_source(ckpt).datasets()[1].normalise == normalise  # scored as trained
     view = FIXTURES / "cornell" / "01"
     rgb, depth = view / "pcd0100r.png", view / "pcd0100d.tiff"
     holed = load_depth(depth).copy()  # the centre crop spans x 170..469, y 90..389

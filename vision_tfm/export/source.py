@@ -481,6 +481,7 @@ def grasp_split(cfg: Any, root: str | os.PathLike, **split: Any) -> tuple[Datase
         input=d.input,
         output_size=d.output_size,
         crop_size=d.crop_size or None,
+        normalise=d.normalise,
         width_scale=d.width_scale,
         **split,
     )
