@@ -242,7 +242,7 @@ class _Formats:
         src, threads = self.source, self.opts.threads
         if fmt.startswith("torch"):
             size = _state_dict_mb(src.model)
-            return (_bf16_runner(src) if fmt == "torch-bf16" else src.torch_runner()), "ok", size
+            return src.torch_runner(bf16=fmt == "torch-bf16"), "ok", size
         if fmt.startswith("onnx-int8-"):
             fp32, _ = self.onnx(self.opts.opset)
             path = self.workdir / f"{fmt}.onnx"
@@ -285,16 +285,6 @@ class _Formats:
         report = check_parity(ort_session(path), src.torch_runner(), inputs, self.opts.atol)
         status = "ok" if report.ok else f"exported but {report.summary()}"
         return path, status
-
-
-def _bf16_runner(source: ExportSource) -> Runner:
-    """PyTorch eager under CPU bf16 autocast (weights stay fp32; matmuls run in bf16)."""
-
-    def run(x: torch.Tensor) -> list[torch.Tensor]:
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-            return [o.float() for o in source.outputs_of(source.model(x))]
-
-    return run
 
 
 def _state_dict_mb(model: torch.nn.Module) -> float:

@@ -123,13 +123,13 @@ class ExportSource:
             return [out[k] for k in self.output_names]
         return [out]
 
-    def torch_runner(self, model: nn.Module | None = None) -> Runner:
-        """Run ``model`` (default: the checkpoint's) as a :data:`Runner`, without autograd."""
-        model = model or self.model
+    def torch_runner(self, bf16: bool = False) -> Runner:
+        """The model as a :data:`Runner`, without autograd; with ``bf16`` under CPU bf16
+        autocast (weights stay fp32; matmuls run in bf16)."""
 
         def run(x: torch.Tensor) -> list[torch.Tensor]:
-            with torch.inference_mode():
-                return self.outputs_of(model(x))
+            with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                return [o.float() for o in self.outputs_of(self.model(x))]
 
         return run
 
