@@ -107,21 +107,6 @@ def export_files(out: Path, int8: tuple[str, ...] = INT8_MODES) -> list[Path]:
     return files
 
 
-def _score_int8(
-    source: ExportSource, fp32_eval: Any, path: Path, batches: list, threads: int = 0
-) -> dict[str, Any]:
-    """Metric of an int8 file, its change from fp32 and its top-1 agreement with fp32."""
-    ev = source.evaluate(ort_runner(ort_session(path, threads)), batches)
-    return {
-        source.metric_name: ev.metric,
-        f"{source.metric_name}_fp32": fp32_eval.metric,
-        "metric_delta": ev.metric - fp32_eval.metric,
-        "top1_agreement": ev.top1_agreement(fp32_eval),
-        "val_images": len(ev.outputs[0]),
-        "size_mb": size_mb(path),
-    }
-
-
 def export_checkpoint(
     checkpoint: str | os.PathLike, opts: ExportOptions, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -240,17 +225,22 @@ def _quantise(
     for mode in opts.int8:
         q = tmp / int8_path(out, mode).name
         quantize_int8(fp32, q, mode, calib)
-        r = _score_int8(source, ref, q, batches)
-        r["calibration"] = (
-            None
-            if mode == "dynamic"
+        ev = source.evaluate(ort_runner(ort_session(q)), batches)
+        results[mode] = r = {
+            source.metric_name: ev.metric,
+            f"{source.metric_name}_fp32": ref.metric,
+            "metric_delta": ev.metric - ref.metric,
+            "top1_agreement": ev.top1_agreement(ref),
+            "val_images": len(ev.outputs[0]),
+            "size_mb": size_mb(q),
             # the folder's name only: the JSON ships with the model, a path would leak the machine
+            "calibration": None
+            if mode == "dynamic"
             else {
                 "data": Path(opts.calib_data).name if opts.calib_data else "train split",
                 "images": len(calib),
-            }
-        )
-        results[mode] = r
+            },
+        }
         agree = r["top1_agreement"]
         log(
             f"int8 {mode}: {source.metric_name} {r[source.metric_name]:.4f} "
