@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .errors import VisionTfmError
@@ -18,13 +19,17 @@ from .models.convert import check_checkpoint_path
 __all__ = ["main"]
 
 
-def _load_cls(ckpt_path: str, ema: bool | None):
+def _load_cls(args: argparse.Namespace) -> tuple[torch.nn.Module, dict, np.ndarray, torch.Tensor]:
+    """The classifier of ``--checkpoint``, its meta, and ``image`` raw and preprocessed."""
+    from .data import build_eval_transform, load_image
     from .train.checkpoint import load_checkpoint
     from .train.classification import eval_data_config, restore_cls_model
 
-    ckpt = load_checkpoint(ckpt_path)
-    model, cfg = restore_cls_model(ckpt, use_ema=ema, source=str(ckpt_path))
-    return model, ckpt["meta"], eval_data_config(cfg, ckpt["meta"])
+    ckpt = load_checkpoint(args.checkpoint)
+    model, cfg = restore_cls_model(ckpt, use_ema=args.ema, source=str(args.checkpoint))
+    meta = ckpt["meta"]
+    img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
+    return model, meta, img, build_eval_transform(eval_data_config(cfg, meta))(img)[None]
 
 
 def _check_count(flag: str, value: int) -> None:
@@ -68,12 +73,8 @@ def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) 
 
 def cmd_predict(args: argparse.Namespace) -> None:
     """Print the top-k classes of one image."""
-    from .data import build_eval_transform, load_image
-
     _check_count("--topk", args.topk)
-    model, meta, dcfg = _load_cls(args.checkpoint, args.ema)
-    img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
-    x = build_eval_transform(dcfg)(img)[None]
+    model, meta, _, x = _load_cls(args)
     with torch.no_grad():
         prob = model(x).float().softmax(-1)[0]
     k = min(args.topk, prob.numel())
@@ -84,14 +85,11 @@ def cmd_predict(args: argparse.Namespace) -> None:
 
 def cmd_attention(args: argparse.Namespace) -> None:
     """Write an attention-rollout heat map over the image."""
-    from .data import build_eval_transform, load_image
     from .viz import attention_rollout, save_heatmap_overlay
 
     _need_inputs(args.checkpoint, args.image)
     out = _out_png(args.out, args.image, "_attention.png", args.overwrite)
-    model, meta, dcfg = _load_cls(args.checkpoint, args.ema)
-    img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
-    x = build_eval_transform(dcfg)(img)[None]
+    model, _, img, x = _load_cls(args)
     heat = attention_rollout(model, x, discard_ratio=args.discard_ratio)[0]
     out.parent.mkdir(parents=True, exist_ok=True)
     save_heatmap_overlay(img, heat, out)
