@@ -32,7 +32,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -154,24 +154,29 @@ class BenchOptions:
                 raise ValueError(f"--img-size must be >= 1, got {self.img_size}")
 
 
+def _column(head: str, fmt: str = "{}", default: Any = None) -> Any:
+    """A table column: its Markdown header and cell format travel with the field."""
+    return field(default=default, metadata={"head": head, "fmt": fmt})
+
+
 @dataclass
 class Row:
     """One format's line in the table (None where a measurement did not happen)."""
 
-    format: str
-    status: str = "ok"
-    size_mb: float | None = None
-    peak_rss_mb: float | None = None
-    metric: float | None = None
-    metric_delta: float | None = None
-    top1_agreement: float | None = None
-    max_abs_diff: float | None = None
-    latency_median_ms: float | None = None
-    latency_p90_ms: float | None = None
-    throughput_img_s: float | None = None
-    gflops: float | None = None
-    pct_of_ceiling: float | None = None
-    threads: int | None = None
+    format: str = field(metadata={"head": "format", "fmt": "{}"})
+    status: str = _column("status", default="ok")
+    size_mb: float | None = _column("size MB", "{:.2f}")
+    peak_rss_mb: float | None = _column("peak RSS MB", "{:.0f}")
+    metric: float | None = _column("{metric}", "{:.4f}")
+    metric_delta: float | None = _column("Δ {metric}", "{:+.4f}")
+    top1_agreement: float | None = _column("top-1 agree", "{:.4f}")
+    max_abs_diff: float | None = _column("max abs diff", "{:.1e}")
+    latency_median_ms: float | None = _column("b1 median ms", "{:.2f}")
+    latency_p90_ms: float | None = _column("b1 p90 ms", "{:.2f}")
+    throughput_img_s: float | None = _column("b{batch} img/s", "{:.1f}")
+    gflops: float | None = _column("GFLOPs/img", "{:.3g}")
+    pct_of_ceiling: float | None = _column("% of peak", "{:.1f}")
+    threads: int | None = _column("threads")
 
 
 COLUMNS = tuple(f.name for f in fields(Row))
@@ -415,43 +420,14 @@ def benchmark_checkpoint(
 
 # --- tables ----------------------------------------------------------------------------------
 
-_HEADERS = {
-    "format": "format",
-    "status": "status",
-    "size_mb": "size MB",
-    "peak_rss_mb": "peak RSS MB",
-    "metric": "{metric}",
-    "metric_delta": "Δ {metric}",
-    "top1_agreement": "top-1 agree",
-    "max_abs_diff": "max abs diff",
-    "latency_median_ms": "b1 median ms",
-    "latency_p90_ms": "b1 p90 ms",
-    "throughput_img_s": "b{batch} img/s",
-    "gflops": "GFLOPs/img",
-    "pct_of_ceiling": "% of peak",
-    "threads": "threads",
-}
-_FORMATS = {
-    "size_mb": "{:.2f}",
-    "peak_rss_mb": "{:.0f}",
-    "metric": "{:.4f}",
-    "metric_delta": "{:+.4f}",
-    "top1_agreement": "{:.4f}",
-    "max_abs_diff": "{:.1e}",
-    "latency_median_ms": "{:.2f}",
-    "latency_p90_ms": "{:.2f}",
-    "throughput_img_s": "{:.1f}",
-    "gflops": "{:.3g}",
-    "pct_of_ceiling": "{:.1f}",
-}
-
 
 def markdown_table(result: dict[str, Any]) -> str:
     """The table as Markdown, with the context a reader needs to trust the numbers below it."""
     metric = result["metric_name"]
     grasp = result.get("task") == "grasp"
     columns = [c for c in COLUMNS if metric or c not in ("metric", "metric_delta")]
-    heads = [_HEADERS[c].format(metric=metric, batch=result["batch"]) for c in columns]
+    col = {f.name: f.metadata for f in fields(Row)}
+    heads = [col[c]["head"].format(metric=metric, batch=result["batch"]) for c in columns]
     if grasp:
         heads[columns.index("top1_agreement")] = "top grasp agree"
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -459,7 +435,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         cells = []
         for c in columns:
             v = r[c]
-            cells.append("-" if v is None else _FORMATS.get(c, "{}").format(v))
+            cells.append("-" if v is None else col[c]["fmt"].format(v))
         lines.append("| " + " | ".join(cells) + " |")
     ceil = ", ".join(f"{k} {v:.0f}" for k, v in result["ceiling_gflops"].items())
     s = result["settings"]
