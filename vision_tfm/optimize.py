@@ -8,11 +8,8 @@
 - attention on the fused SDPA path (the explicit one where it measured faster, see
   ``layers/attention_dispatch.py``);
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
-- optionally ``torch.compile`` with freezing: weights become constants, so Inductor folds
-  them and pre-packs them for oneDNN, and fuses the element-wise work between the matmuls.
-  The first call per input shape compiles (tens of seconds on 2 cores); eager stays the
-  default because that cost only pays off for a long-running server.
-Outputs match the unoptimised model to float tolerance (tested).
+- optionally ``torch.compile`` with freezing (weights become constants Inductor folds and
+  pre-packs); off by default, since compiling each input shape pays off only in a server.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """``vtfm benchmark``: one row per format - accuracy, parity, latency, throughput, FLOPs.
 
-Every format runs the same real val images on the same number of threads. A format that
-fails gets a row saying why, and the table goes on. Timing is interleaved: after ``warmup``
-calls each, the formats take turns in short rounds, so a noisy spell on a shared machine hits
-them all alike instead of whichever happened to be measured then. Rounds go on until every
-format has at least ``runs`` calls and ``seconds`` per format have passed. Batch-1 latency is
-reported as median and p90, throughput as images per second at the median batch time.
-Peak memory is measured apart from the timing, one fresh process per format
-(:mod:`.memory`).
+Every format runs the same real val images on the same number of threads, timed in
+interleaved rounds (:func:`time_runs`) so that a noisy spell on a shared machine hits them
+all alike. A format that fails gets a row saying why, and the table goes on. Peak memory is
+measured apart from the timing, in a fresh process per format (:mod:`.memory`).
 
-On a grasp checkpoint the metric is grasp accuracy on its val views, cropped at the image
-centre as deployment crops them; agreement is that of each view's top grasp with fp32
-PyTorch's (same peak pixel, angle within 30 degrees), and the max abs diff is over the four
-activated maps.
-
-Without a checkpoint (``--model NAME``), any registered model gets speed, memory and
-agreement rows: random or converted weights, compared with fp32 PyTorch on real images (a
-grasp dataset's views for a grasp model). Their labels are not used, so there is no accuracy
-column.
+A grasp checkpoint is scored by grasp accuracy on its centre-cropped val views; agreement is
+that of each view's top grasp with fp32 PyTorch's. Without a checkpoint (``--model NAME``) a
+registered model gets speed, memory and agreement rows on real images, without their labels.
 """
 
 from __future__ import annotations

@@ -46,11 +46,8 @@ _MATRIX_ISA = ("avx2", "avx512f", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx
 
 
 def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
-    """CPU model and its matrix ISA extensions, logged with every speed table.
-
-    Ratios between formats move with the CPU: ORT int8-dynamic over fp32 at batch 1 measured
-    1.95x for the same ViT on one 2-core machine and 1.44x on an AVX-512 EPYC.
-    """
+    """CPU model and its matrix ISA extensions, logged with every speed table: ratios
+    between formats move with the CPU (see the README's export section)."""
     name, flags = "", set()
     try:
         with open(cpuinfo) as f:

@@ -1,10 +1,8 @@
 """Peak memory of one format: a fresh process loads the runtime and the model, runs it.
 
-Measured in a child so that formats do not share a heap: in the benchmark process every
-runtime is loaded at once, and torch's allocator keeps what the last format freed. The
-child imports only what its runtime needs (an onnxruntime row never imports torch), so
-the figure is what a deployment of that format would hold: the interpreter, the runtime's
-libraries, the model and its working memory at the given input.
+Measured in a child so that formats do not share a heap (torch's allocator keeps what the
+last format freed); the child imports only what its runtime needs, so the figure is what a
+deployment of that format would hold.
 
 Run as a script (``python memory.py spec.json``), not as ``-m vision_tfm...``: the package's
 ``__init__`` would import torch into every child.

@@ -1,17 +1,13 @@
 """ONNX export through ``torch.onnx.export(dynamo=True)`` and its parity check.
 
-Export traces with ``torch.export``, so a Python branch on the input size would be decided
-once, at the trace size, and baked into the graph. The models therefore take their
-size-dependent steps unconditionally when sizes are symbolic (``layers.symbolic``): patch and
-window padding (possibly by zero), ViT's position-table resampling (exact at the training
-grid), and Swin's shift choice, roll and mask, which are computed inside the graph. One
-dynamic-H/W graph then serves every size. Every export is still checked against PyTorch on
-real val images at several sizes, so a graph specialised by mistake fails instead of shipping.
+``torch.export`` decides a Python branch on the input size once, at the trace size, so the
+models take their size-dependent steps unconditionally when sizes are symbolic
+(``layers.symbolic``) and one dynamic-H/W graph serves every size. Every export is still
+checked against PyTorch on real val images at several sizes, so a graph specialised by
+mistake fails instead of shipping.
 
-The fused attention op (SDPA) exports only with 4-D ``(B, heads, N, d)`` inputs. Layers that
-attend over windows (Swin's ``(B, nW, heads, N, d)``) are switched to the attention layer's
-explicit path for the export; the rest keep SDPA, which becomes the ONNX ``Attention`` op at
-opset >= 23.
+The fused attention op (SDPA) exports only with 4-D ``(B, heads, N, d)`` inputs: layers that
+attend over windows (Swin) take the explicit path for the export (:func:`export_attention`).
 """
 
 from __future__ import annotations
@@ -242,11 +238,8 @@ def size_mb(path: str | Path) -> float:
 def ort_session(path: str | Path, threads: int = 0) -> Any:
     """A CPU onnxruntime session on ``threads`` intra-op threads (0 = onnxruntime's choice).
 
-    Its options are :data:`ORT_SESSION_CONFIG`: worker threads spin between the ops of a run
-    (parking them after every small op costs a wake-up each, which dominates batch-1 latency
-    on a few cores) and stop spinning when the run returns, so they do not take the cores from
-    whatever the caller does between runs (a robot's control loop, the benchmark's other
-    formats).
+    Workers spin between the ops of a run (a wake-up per small op dominates batch-1 latency)
+    and stop when it returns, leaving the cores to the caller (:data:`ORT_SESSION_CONFIG`).
     """
     import onnxruntime as ort
 

@@ -124,10 +124,8 @@ def quantize_int8(
             # (symbolic padding, resampling); ONNX shape inference alone is enough to quantise.
             quant_pre_process(str(single), str(pre), skip_symbolic_shape=True)
         if mode == "dynamic":
-            # MatMul only: onnxruntime's dynamic ConvInteger is slower than its fp32 Conv (the
-            # hybrid's conv stem made the whole model 2x slower), and it has no dynamic Gemm.
-            # Weight MatMuls only: attention's q@k and attn@v would quantise two activations
-            # per call, which costs more than their small products save.
+            # Weight MatMuls only: ORT's dynamic ConvInteger is slower than its fp32 Conv, it has
+            # no dynamic Gemm, and attention's q@k / attn@v would quantise two activations.
             quantize_dynamic(
                 str(pre),
                 str(out_path),
@@ -136,10 +134,8 @@ def quantize_int8(
                 extra_options={"MatMulConstBOnly": True},
             )
         else:
-            # u8 activations x s8 weights is the fast VNNI path on x86 CPUs. Only the
-            # compute-heavy ops are quantised: Q/DQ around norms, softmax and residual adds
-            # cost accuracy (an under-trained ViT-MNIST flipped 8.9% of its top-1 predictions
-            # instead of 3.5%) and buy no speed.
+            # u8 activations x s8 weights is the fast VNNI path on x86 CPUs. Q/DQ around
+            # norms, softmax and residual adds cost accuracy and buy no speed.
             quantize_static(
                 str(pre),
                 str(out_path),
