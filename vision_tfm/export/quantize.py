@@ -52,16 +52,13 @@ class TensorCalibrationReader(CalibrationDataReader):
         self.batches = [
             {input_name: b.contiguous().numpy()} for b in images.float().split(batch_size)
         ]
-        self.pos = 0
+        self.rewind()
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.pos >= len(self.batches):
-            return None
-        self.pos += 1
-        return self.batches[self.pos - 1]
+        return next(self.feed, None)
 
     def rewind(self) -> None:
-        self.pos = 0
+        self.feed = iter(self.batches)
 
 
 @contextmanager

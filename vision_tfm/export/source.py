@@ -203,7 +203,8 @@ class ExportSource:
                 tops = tops if tops is not None else []
                 for i in range(len(x)):
                     view = [o[i] for o in out]
-                    preds = decode_grasps(*view, num_grasps=1, **self._decode_kw())
+                    kw = self.cfg.eval.decode_kwargs(self.cfg.data.width_scale)
+                    preds = decode_grasps(*view, num_grasps=1, **kw)
                     tops.append((preds[0].x, preds[0].y, preds[0].angle) if preds else None)
                     if self.metric_name is not None:
                         hits += grasp_correct(preds, batch[2][i])
@@ -217,9 +218,6 @@ class ExportSource:
             raise ValueError(f"{self.path}: the validation split is empty")
         metric = None if self.metric_name is None else hits / n
         return Evaluation(metric, [torch.cat(col) for col in zip(*outs)], tops)
-
-    def _decode_kw(self) -> dict[str, Any]:
-        return self.cfg.eval.decode_kwargs(self.cfg.data.width_scale)
 
     # --- metadata --------------------------------------------------------------------------
 
@@ -240,7 +238,14 @@ class ExportSource:
             "versions": {"torch": torch.__version__, "vision_tfm": vision_tfm.__version__},
         }
         if self.task == "cls":
-            info.update(mean=m["mean"], std=m["std"], class_names=m["class_names"])
+            size, d = self.img_size[0], self.cfg.data
+            info.update(
+                mean=m["mean"],
+                std=m["std"],
+                class_names=m["class_names"],
+                # the val pipeline step by step, so a runtime without vision_tfm can reproduce it
+                preprocess=cls_preprocess(size, d.crop_pct, self.in_chans, m["mean"], m["std"]),
+            )
         else:
             from ..data.grasp import DEPTH_CLIP, RGB_MEAN, RGB_STD
 
@@ -252,19 +257,10 @@ class ExportSource:
                 depth_clip=DEPTH_CLIP,
                 width_scale=m.get("width_scale"),
                 crop_size=m.get("crop_size"),
+                preprocess=grasp_preprocess(self.cfg),
+                postprocess=grasp_postprocess(self.cfg),
             )
-        info["preprocess"] = self._preprocess()
-        if self.task == "grasp":
-            info["postprocess"] = grasp_postprocess(self.cfg)
         return info
-
-    def _preprocess(self) -> dict[str, Any]:
-        """The val pipeline step by step, so a runtime without vision_tfm can reproduce it."""
-        if self.task == "cls":
-            m = self.meta
-            d = self.cfg.data
-            return cls_preprocess(self.img_size[0], d.crop_pct, self.in_chans, m["mean"], m["std"])
-        return grasp_preprocess(self.cfg)
 
 
 class ImageList(Dataset):
