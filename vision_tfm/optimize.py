@@ -50,9 +50,8 @@ def _weight_dtype(dtype: torch.dtype | str) -> torch.dtype:
     )
 
 
-def _fold_conv_bn(module: nn.Module) -> int:
+def _fold_conv_bn(module: nn.Module) -> None:
     """Replace every ``conv`` -> ``bn`` pair held by one parent with a single conv."""
-    folded = 0
     for parent in module.modules():
         names = list(parent._modules)
         for a, b in itertools.pairwise(names):
@@ -60,26 +59,20 @@ def _fold_conv_bn(module: nn.Module) -> int:
             if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
                 parent._modules[a] = fuse_conv_bn_eval(conv, bn)
                 parent._modules[b] = nn.Identity()
-                folded += 1
-    return folded
 
 
-def _fold_layer_scale(module: nn.Module) -> int:
-    """``ls(proj(x))`` -> ``proj'(x)`` with the per-channel scale in proj's rows."""
-    folded = 0
+def _fold_layer_scale(module: nn.Module) -> None:
+    """``ls(proj(x))`` -> ``proj'(x)`` with the per-channel scale in proj's rows (under no_grad)."""
     for blk in module.modules():
         if not isinstance(blk, Block):
             continue
         for ls_name, lin in (("ls1", blk.attn.proj), ("ls2", blk.mlp.fc2)):
             ls = getattr(blk, ls_name)
             if isinstance(ls, LayerScale):
-                with torch.no_grad():
-                    lin.weight.mul_(ls.gamma[:, None])
-                    if lin.bias is not None:
-                        lin.bias.mul_(ls.gamma)
+                lin.weight.mul_(ls.gamma[:, None])
+                if lin.bias is not None:
+                    lin.bias.mul_(ls.gamma)
                 setattr(blk, ls_name, nn.Identity())
-                folded += 1
-    return folded
 
 
 @torch.no_grad()
@@ -116,7 +109,6 @@ def optimize_for_inference(
         on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         if dtype == torch.bfloat16 and on_cpu:
             warn_if_bf16_emulated("leave dtype at fp32 (None)")
-    model.inference_optimized = True
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position
         # tables and padding become constants); a new shape recompiles.
