@@ -2,8 +2,7 @@
 
 Both start from ``quant_pre_process`` (symbolic shape inference and graph fusions), which
 lets the quantiser see through the exporter's shape arithmetic. Static quantisation
-calibrates activation ranges on real images: a folder of images, an ImageFolder root,
-CIFAR-10 batches, MNIST idx files, or by default the checkpoint's own training split.
+calibrates activation ranges on real images (:func:`calibration_images`).
 """
 
 from __future__ import annotations

@@ -340,11 +340,9 @@ def model_source(
     Args:
         name: A registered classifier or grasp model.
         img_size: Input side; ViT's position table and Swin's windows are built for it.
-        images: Real images the formats are compared on (and static int8 calibrated on),
-            preprocessed as ``vtfm predict`` would with ImageNet statistics; for a grasp
-            model, a Cornell or Jacquard folder, each view cropped as ``vtfm grasp`` crops.
-        weights: timm / torchvision / official classifier checkpoint to convert; default:
-            seeded random.
+        images: Real images to compare the formats on, with ImageNet statistics; for a grasp
+            model, a Cornell or Jacquard folder.
+        weights: timm / torchvision / official classifier weights; default: seeded random.
 
     Raises:
         ValueError, FileNotFoundError: An unknown model, weights for a grasp model, missing
@@ -412,11 +410,8 @@ CLS_CONTRACT = "vision_tfm.cls.preprocess/1"  # bump when a step below changes
 
 
 def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std: Any) -> dict:
-    """``vtfm predict``'s preprocessing as an exact contract: every library, dtype and rounding.
-
-    ``examples/onnx_client.py`` follows it with Pillow and numpy alone and must agree with
-    ``vtfm predict`` to 1e-5 in probability (tests/export/test_onnx_client.py).
-    """
+    """``vtfm predict``'s preprocessing as an exact contract: every library, dtype and rounding,
+    so that ``examples/onnx_client.py`` can follow it with Pillow and numpy alone."""
     short = int(img_size / crop_pct)
     mode = "L" if in_chans == 1 else "RGB"
     return {
@@ -528,11 +523,8 @@ _PER_VIEW = (
 
 
 def grasp_preprocess(cfg: Any) -> dict[str, Any]:
-    """``vtfm grasp``'s preprocessing of an RGB-D pair as an exact contract.
-
-    ``examples/onnx_client.py`` follows it (and :func:`grasp_postprocess`) with Pillow and
-    numpy alone and must return ``vtfm grasp``'s top grasp to 1e-4 px and 1e-5 rad.
-    """
+    """``vtfm grasp``'s preprocessing of an RGB-D pair as an exact contract, which
+    ``examples/onnx_client.py`` follows (with :func:`grasp_postprocess`) in Pillow and numpy."""
     from ..data.grasp import DEPTH_CLIP, RGB_MEAN, RGB_STD
 
     d = cfg.data
