@@ -130,7 +130,7 @@ def export_checkpoint(
         raise ValueError("grasp maps are scored at the training size; drop --img-size for int8")
     model = source.model
     inputs = parity_inputs(source, size, dynamic, opts.parity_images)
-    example = resize(inputs[0][:2], size)
+    example = inputs[0][:2]  # parity_inputs puts a batch at the export size first
 
     with staging_dir(out.parent) as tmp:
         fp32 = tmp / out.name
@@ -154,7 +154,7 @@ def export_checkpoint(
             raise ParityError(f"{source.model_name}: {report.summary()}{hint}")
         log(f"{source.model_name}: {report.summary()}")
 
-        meta = _metadata(source, out.name, fp32, dynamic, size, opts, attention)
+        meta = _metadata(source, fp32, dynamic, size, opts, attention)
         meta["parity"] = report.as_dict()
         if opts.int8:
             meta["int8"] = _quantise(source, fp32, out, tmp, size, opts, calib, log)
@@ -176,7 +176,6 @@ def export_checkpoint(
 
 def _metadata(
     source: ExportSource,
-    name: str,
     fp32: Path,
     dynamic: frozenset[str],
     size: tuple[int, int],
@@ -195,7 +194,7 @@ def _metadata(
         "img_size": list(size),  # what the graph was exported (and checked) at
         "train_img_size": info["img_size"],
         "format": "onnx",
-        "file": name,
+        "file": fp32.name,  # staged under the name it is installed with
         "external_data": [p.name for p in model_files(fp32)[1:]],
         "size_mb": size_mb(fp32),
         "opset": opts.opset,
