@@ -333,12 +333,6 @@ def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
 
 
-def hw_sizes(size: tuple[int, int]) -> list[tuple[int, int]]:
-    """Parity sizes for a dynamic-H/W export: the base, a wider one, and an odd taller one."""
-    H, W = size
-    return [(H, W), (H, W + W // 2), (H + H // 2 + 1, W + 1)]
-
-
 def parity_inputs(
     source: ExportSource, size: tuple[int, int], dynamic: frozenset[str], n: int = 16
 ) -> list[torch.Tensor]:
@@ -351,7 +345,8 @@ def parity_inputs(
         batches = [x, x[:1]]
     else:
         batches = [x[i : i + 1] for i in range(min(len(x), 4))]
-    sizes = hw_sizes(size) if "hw" in dynamic else [size]
+    H, W = size  # dynamic H/W is checked at the base, a wider and an odd taller size too
+    sizes = [(H, W), (H, W + W // 2), (H + H // 2 + 1, W + 1)] if "hw" in dynamic else [size]
     return [resize(b, s) for s in sizes for b in batches]
 
 
