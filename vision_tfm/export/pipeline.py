@@ -157,7 +157,7 @@ def export_checkpoint(
         meta = _metadata(source, fp32, dynamic, size, opts, attention)
         meta["parity"] = report.as_dict()
         if opts.int8:
-            meta["int8"] = _quantise(source, fp32, out, tmp, size, opts, calib, log)
+            meta["int8"] = _quantise(source, fp32, size, opts, calib, log)
         for mode, result in meta.get("int8", {}).items():
             q = int8_path(out, mode)
             info = {k: v for k, v in meta.items() if k not in ("int8", "parity", "external_data")}
@@ -207,8 +207,6 @@ def _metadata(
 def _quantise(
     source: ExportSource,
     fp32: Path,
-    out: Path,
-    tmp: Path,
     size: tuple[int, int],
     opts: ExportOptions,
     calib: Any,
@@ -222,7 +220,7 @@ def _quantise(
     ref = source.evaluate(source.torch_runner(), batches)
     results = {}
     for mode in opts.int8:
-        q = tmp / int8_path(out, mode).name
+        q = int8_path(fp32, mode)  # staged beside fp32, under its installed name
         quantize_int8(fp32, q, mode, calib)
         ev = source.evaluate(ort_runner(ort_session(q)), batches)
         results[mode] = r = {
