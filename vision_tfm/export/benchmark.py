@@ -422,10 +422,7 @@ def markdown_table(result: dict[str, Any]) -> str:
         heads[columns.index("top1_agreement")] = "top grasp agree"
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in result["rows"]:
-        cells = []
-        for c in columns:
-            v = r[c]
-            cells.append("-" if v is None else col[c]["fmt"].format(v))
+        cells = ["-" if r[c] is None else col[c]["fmt"].format(r[c]) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     ceil = ", ".join(f"{k} {v:.0f}" for k, v in result["ceiling_gflops"].items())
     s = result["settings"]

@@ -1,13 +1,9 @@
 """OpenVINO as a second runtime for the exported ONNX file (the ``openvino`` extra).
 
-OpenVINO reads the same ``model.onnx`` that onnxruntime runs, so the benchmark compares the
-runtimes on one graph. Its CPU plugin picks bf16 by itself on CPUs with bf16 units, which
-would make an "fp32" row quietly lossy: the precision is always set explicitly, and the row
-reports the precision the compiled model actually runs in.
-
-Loaded into a process that later ran ``torch.compile``, the CPU plugin made that compile
-segfault (seen in this test suite): the benchmark never compiles, and the tests run OpenVINO
-in a child process.
+It reads the ``model.onnx`` onnxruntime runs, so the runtimes compare on one graph. Its CPU
+plugin picks bf16 by itself on CPUs with bf16 units: the precision is always set, and the
+row reports the one the compiled model runs in. Loaded into a process that later ran
+``torch.compile``, the plugin made that compile segfault, so tests run OpenVINO in a child.
 """
 
 from __future__ import annotations
