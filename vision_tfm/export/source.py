@@ -117,19 +117,15 @@ class ExportSource:
     def metric_name(self) -> str | None:
         return "grasp_acc" if self.task == "grasp" else "top1"
 
-    def outputs_of(self, out: torch.Tensor | dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """A model's return value as a list in ``output_names`` order."""
-        if isinstance(out, dict):
-            return [out[k] for k in self.output_names]
-        return [out]
-
     def torch_runner(self, bf16: bool = False) -> Runner:
         """The model as a :data:`Runner`, without autograd; with ``bf16`` under CPU bf16
         autocast (weights stay fp32; matmuls run in bf16)."""
 
         def run(x: torch.Tensor) -> list[torch.Tensor]:
             with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-                return [o.float() for o in self.outputs_of(self.model(x))]
+                out = self.model(x)
+                outs = [out[k] for k in self.output_names] if isinstance(out, dict) else [out]
+                return [o.float() for o in outs]
 
         return run
 
