@@ -1,12 +1,8 @@
 """FLOPs per image and this machine's matmul ceiling, to say how close a format runs to it.
 
-Convention: 1 multiply-add = 2 FLOPs (``torch.utils.flop_counter``'s, and the usual one for
-"GFLOPs" in papers that count MACs x 2). Only matmuls, convolutions and attention are
-counted; norms, softmax and activations are left out, as every FLOP table does.
-
-torch's counter knows the CUDA attention kernels only: on CPU, SDPA runs as
-``_scaled_dot_product_flash_attention_for_cpu``, which it would skip, dropping both attention
-matmuls. :func:`count_flops` gives that op the same formula (q @ k^T plus attn @ v).
+Convention: 1 multiply-add = 2 FLOPs (``torch.utils.flop_counter``'s), over matmuls,
+convolutions and attention only, as FLOP tables count. torch's counter knows only the CUDA
+attention kernels, so the CPU SDPA op is given their formula (q @ k^T plus attn @ v).
 """
 
 from __future__ import annotations
@@ -83,12 +79,8 @@ def matmul_ceiling(
     sizes: Sequence[int] = (512, 1024, 2048),
     seconds: float = 1.0,
 ) -> float:
-    """Best FLOP/s of square matmuls in ``dtype`` on ``threads`` torch threads.
-
-    The best run (not the mean) over several sizes is the ceiling: a shared machine only ever
-    makes a run slower, and short runs are the likeliest to find the cores free. ``seconds``
-    is spent on each size.
-    """
+    """Best FLOP/s of square matmuls in ``dtype`` on ``threads`` torch threads, ``seconds``
+    per size: the best run, not the mean, as a shared machine only ever makes a run slower."""
     best = 0.0
     with torch_threads(threads), torch.inference_mode():
         for n in sizes:

@@ -1,8 +1,7 @@
 """A checkpoint opened once for export, parity, calibration and benchmarking.
 
-Every step reads the model and its data the same way: the val split and preprocessing the
-checkpoint was trained with. An exported model is judged on the inputs it will see, never
-on random noise, and every format is scored by the same metric code.
+Every step reads the val split and preprocessing the checkpoint was trained with, so an
+exported model is judged on the inputs it will see, and every format by the same metric code.
 """
 
 from __future__ import annotations
