@@ -210,15 +210,13 @@ class _Formats:
     def __init__(self, source: ExportSource, opts: BenchOptions, workdir: Path) -> None:
         self.source, self.opts, self.workdir = source, opts, workdir
         self.exports: dict[int, tuple[Path, str] | Exception] = {}
-        self.files: dict[str, Path] = {}  # format -> the ONNX file it ran
+        self.files: dict[str, tuple[Path, int]] = {}  # format -> the ONNX file it ran, opset
 
     def describe_files(self) -> None:
         """A JSON beside each ONNX file (as ``vtfm export`` writes), for exports kept."""
         info = self.source.describe()
-        for fmt, path in self.files.items():
-            meta = {**info, "format": fmt, "file": path.name, "opset": self.opts.opset}
-            if fmt == f"onnx-opset{ATTENTION_OPSET}":
-                meta["opset"] = ATTENTION_OPSET
+        for fmt, (path, opset) in self.files.items():
+            meta = {**info, "format": fmt, "file": path.name, "opset": opset}
             path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
     def memory_target(self, fmt: str) -> tuple[str, Path]:
@@ -230,7 +228,7 @@ class _Formats:
             return fmt, path
         if fmt.startswith("openvino"):
             return fmt, self.onnx(self.opts.opset)[0]
-        return "onnx", self.files[fmt]
+        return "onnx", self.files[fmt][0]
 
     def build(self, fmt: str) -> tuple[Runner, str, float]:
         """``(runner, status, size in MB)`` for one format."""
@@ -246,7 +244,7 @@ class _Formats:
             if mode == "static":
                 calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
             quantize_int8(fp32, path, mode, calib)
-            self.files[fmt] = path
+            self.files[fmt] = path, self.opts.opset
             return ort_runner(ort_session(path, threads)), "ok", size_mb(path)
         if fmt.startswith("openvino"):
             path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
@@ -256,7 +254,7 @@ class _Formats:
             return runner, status, size_mb(path)
         opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset
         path, status = self.onnx(opset)
-        self.files[fmt] = path
+        self.files[fmt] = path, opset
         return ort_runner(ort_session(path, threads)), status, size_mb(path)
 
     def onnx(self, opset: int) -> tuple[Path, str]:
