@@ -9,24 +9,15 @@ dataclass checks its own fields (``_common.check_model_config`` from ``__post_in
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
-import torch
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from ..config import ConfigError
 from ..errors import InputError
 
-__all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
-
-
-def intermediates_result(
-    final: Callable[[], torch.Tensor], maps: list, intermediates_only: bool
-) -> list | tuple[torch.Tensor, list]:
-    """timm's return convention: the maps alone, or ``(final features, maps)``."""
-    return maps if intermediates_only else (final(), maps)
+__all__ = ["VisionModel", "check_output_fmt"]
 
 
 def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:

@@ -37,7 +37,7 @@ from ..layers import (
     symbolic,
 )
 from ._common import block_kwargs, check_model_config, init_weights, select_indices
-from .base import VisionModel, check_output_fmt, intermediates_result
+from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
 __all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
@@ -404,7 +404,7 @@ class SwinTransformer(VisionModel):
             if i in take:
                 y = self.norm(x) if norm and i == len(self.layers) - 1 else x
                 outs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
-        return intermediates_result(lambda: self.norm(x), outs, intermediates_only)
+        return outs if intermediates_only else (self.norm(x), outs)
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True

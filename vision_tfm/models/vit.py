@@ -37,7 +37,7 @@ from ._common import (
     init_weights,
     select_indices,
 )
-from .base import VisionModel, check_output_fmt, intermediates_result
+from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
 __all__ = ["ViTConfig", "VisionTransformer"]
@@ -236,9 +236,7 @@ class VisionTransformer(VisionModel):
                 if output_fmt == "NCHW":  # (B, N, D) -> (B, D, gh, gw)
                     y = y.transpose(1, 2).reshape(y.shape[0], -1, gh, gw)
                 outs.append((y, prefix) if return_prefix_tokens else y)
-        return intermediates_result(
-            lambda: place.end(stream, self.norm, True), outs, intermediates_only
-        )
+        return outs if intermediates_only else (place.end(stream, self.norm, True), outs)
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
