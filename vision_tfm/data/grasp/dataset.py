@@ -173,14 +173,9 @@ class GraspDataset(Dataset):
             raise GraspDataError(
                 f"{view.depth_path}: depth {depth.shape} does not match RGB {rgb.shape[:2]}"
             )
-        H, W = (rgb if rgb is not None else depth).shape[:2]
-        crop = self.crop_size or min(H, W)
-        if crop > min(H, W):
-            raise GraspDataError(
-                f"{view.rgb_path}: image {W}x{H} is smaller than the {crop}x{crop} crop"
-            )
+        H, W = (rgb if rgb is not None else depth).shape[:2]  # fit the crop: see __init__
         centre = view.rects.reshape(-1, 2).mean(axis=0) if self.crop == "grasps" else None
-        box = crop_box((H, W), crop, centre)
+        box = crop_box((H, W), self.crop_size or min(H, W), centre)
         S = self.output_size
         rgb, depth = crop_resize(rgb, depth, box, S, self.depth_clip)
         return rgb, depth, crop_to_output(view.rects, box, S)
@@ -302,8 +297,7 @@ def build_grasp_datasets(
         repeat: Passes over the training views per epoch (see :class:`GraspDataset`).
         cache: Keep decoded crops in memory, both splits (see :class:`GraspDataset`).
         **kwargs: Dataset options (``input``, ``output_size``, ``crop_size``, ``normalise``,
-            ``width_scale``);
-            ``crop`` is set per split, not here.
+            ``width_scale``); ``crop`` is set per split, not here.
 
     Returns:
         ``(train, val, split_name)``; print ``split_name`` beside every reported figure.
@@ -329,6 +323,32 @@ def build_grasp_datasets(
     )
     val = GraspDataset(_select(full.views, val_ids), **_options(full), cache=cache)
     return train, val, f"{name} {how}"
+
+
+def grasp_datasets_from_config(
+    d: Any, seed: int, root: str | Path | None = None, **train_options: Any
+) -> tuple[GraspDataset, GraspDataset, str]:
+    """:func:`build_grasp_datasets` as a grasp run's ``data`` section (``GraspDataConfig``) and
+    ``seed`` describe it, so training, export and calibration read the views alike.
+
+    ``root`` replaces ``d.root``; ``train_options`` (``augment``, default off, ``train_crop``,
+    ``repeat``, ``cache``) shape the training set only.
+    """
+    return build_grasp_datasets(
+        d.dataset,
+        root or d.root,
+        split=d.split,
+        train_frac=d.train_frac,
+        seed=seed,
+        folds=d.folds,
+        fold=d.fold,
+        input=d.input,
+        output_size=d.output_size,
+        crop_size=d.crop_size or None,
+        normalise=d.normalise,
+        width_scale=d.width_scale,
+        **{"augment": False, **train_options},
+    )
 
 
 def _options(ds: GraspDataset) -> dict[str, Any]:
