@@ -16,16 +16,6 @@ import numpy as np
 
 from vision_tfm.grasp.rect import Grasp, grasp_axes, wrap_angle
 
-__all__ = [
-    "MAP_ACTIVATIONS",
-    "MAP_KEYS",
-    "WIDTH_SCALE",
-    "activate_grasp_maps",
-    "as_grasps",
-    "decode_grasps",
-    "encode_grasp_maps",
-]
-
 WIDTH_SCALE: float = 150.0
 """Pixels of opening that map to width 1.0 (at the 224-pixel model input)."""
 
@@ -177,16 +167,13 @@ def decode_grasps(
     peak reads ``angle = 0.5 * atan2(sin, cos)`` and ``opening = width * width_scale``.
 
     Args:
-        quality: ``(H, W)`` or ``(1, H, W)`` quality map (numpy or torch).
-        cos: Map of ``cos 2θ``.
-        sin: Map of ``sin 2θ``.
-        width: Map of ``opening / width_scale``.
+        quality, cos, sin, width: ``(H, W)`` or ``(1, H, W)`` maps (numpy or torch) of the
+            quality, ``cos 2θ``, ``sin 2θ`` and ``opening / width_scale``.
         num_grasps: How many grasps to return at most.
         min_distance: Minimum Chebyshev distance between peaks, in map pixels.
         threshold: Minimum smoothed quality of a peak; fewer grasps come back below it.
-        quality_sigma: Gaussian sigma for the quality map (0 disables smoothing).
-        angle_sigma: Gaussian sigma for the cos and sin maps.
-        width_sigma: Gaussian sigma for the width map.
+        quality_sigma, angle_sigma, width_sigma: Gaussian sigma for the quality, the cos and
+            sin, and the width maps (0 disables smoothing).
         width_scale: Must equal the value used to encode (:data:`WIDTH_SCALE`).
         jaw: Fixed jaw width in pixels; if None, ``opening * jaw_ratio`` (GG-CNN uses 1/2).
         jaw_ratio: Jaw width relative to the opening when ``jaw`` is None.

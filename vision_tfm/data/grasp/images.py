@@ -1,9 +1,5 @@
 """Image side of a grasp view: decoding, depth cleaning, crops, normalisation, augmentation.
 
-Depth: holes (NaN, inf, <= 0) are filled from their valid neighbours, then the crop's mean is
-subtracted and the result clipped to ``±depth_clip`` metres. RGB is ImageNet-normalised,
-or (``normalise="image"``) RGB and depth are each standardised on the view's own statistics.
-
 Hole filling and resizing are plain numpy rules rather than OpenCV's inpainting and
 ``INTER_AREA``, so that ``model.json`` can state them exactly and a runtime without OpenCV
 (``examples/onnx_client.py``) reproduces them; the area resize is OpenCV's ``INTER_AREA``
@@ -255,9 +251,7 @@ class GraspAugment:
     def _reseed_in_worker(self) -> None:
         info = torch.utils.data.get_worker_info()
         if info is not None and info.seed != self._worker_seed:
-            self._worker_seed = info.seed
-            self.transform.set_random_seed(info.seed % 2**32)
-            self.rng = np.random.default_rng(info.seed)
+            self.reseed(info.seed)
 
     def __call__(
         self, rgb: np.ndarray | None, depth: np.ndarray | None, rects: np.ndarray
@@ -292,12 +286,8 @@ class GraspAugment:
 def crop_box(
     shape: tuple[int, int], side: int, centre: np.ndarray | None = None
 ) -> tuple[int, int, int]:
-    """The square ``(x0, y0, side)`` around ``centre`` (x, y), or the image centre when None,
-    shifted to stay inside an image of ``shape = (H, W)``.
-
-    The image centre is the deployment crop: :func:`vision_tfm.grasp.predict_grasps` and the
-    validation of every run use it, so the reported figure is what a robot's camera gets.
-    """
+    """The square ``(x0, y0, side)`` around ``centre`` (x, y), or the image centre (deployment
+    and validation) when None, shifted to stay inside an image of ``shape = (H, W)``."""
     H, W = shape
     if centre is None:
         return (W - side) // 2, (H - side) // 2, side
