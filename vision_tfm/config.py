@@ -10,6 +10,7 @@ allowed values of each string field (``CHOICES``), checked in its ``__post_init_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -144,16 +145,13 @@ def _coerce(value: Any, tp: Any, key: str, finite: bool = True) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for arm in typing.get_args(tp):
             if arm is type(None):
                 if value is None:
                     return None
                 continue
-            try:
+            with contextlib.suppress(ConfigError):
                 return _coerce(value, arm, key, finite)
-            except ConfigError as e:
-                errors.append(str(e))
         raise ConfigError(f"config key {key!r}: {value!r} does not match {tp}")
     if origin is tuple or origin is list:
         if not isinstance(value, (list, tuple)):

@@ -13,21 +13,10 @@ from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, Range, c
 from ..errors import InputError
 from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
 
-__all__ = [
-    "ATTENTION_CHOICES",
-    "BASE_RANGES",
-    "RATE",
-    "check_model_config",
-    "init_weights",
-    "select_indices",
-]
-
 RATE = Range(0, 1, hi_open=True)  # a dropout / drop-path probability
 
-# Ranges of the fields every family spells the same way. A family's config declares its own
-# ``RANGES`` (its other numeric fields) and ``CHOICES`` (string fields); these apply to the
-# fields it has. Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) are
-# checked entry by entry, and an ``int`` field takes integers only.
+# Ranges of the fields every family spells the same way, applied to those a config has; its
+# own ``RANGES`` and ``CHOICES`` cover the rest (``check_ranges``).
 BASE_RANGES: dict[str, Range] = {
     "img_size": AT_LEAST_ONE,
     "in_chans": AT_LEAST_ONE,

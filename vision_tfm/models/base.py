@@ -38,6 +38,12 @@ class VisionModel(nn.Module):
             ``None`` (no detection backbone).
         first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
         global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
+
+    Every family has timm's ``forward_intermediates(x, indices, norm, stop_early, output_fmt,
+    intermediates_only)``: ``indices`` are ``feature_info`` levels (negative allowed) or an int
+    for the last n, ``norm`` applies the final norm, ``stop_early`` skips the levels after the
+    last one taken (always when only the maps are returned); it returns the list of maps, or
+    ``(forward_features(x), maps)``. ``prune_intermediate_layers`` drops what follows the last.
     """
 
     task: ClassVar[str] = "cls"

@@ -267,11 +267,8 @@ class _HybridModel(VisionModel):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Stem stages (strides 1, 2, 4, ...) then the token map, NCHW; timm's signature.
-
-        ``indices`` index ``feature_info``; ``stop_early`` is accepted for the signature: the
-        trunk runs up to the last index taken either way. Otherwise as ViT's.
-        """
+        """Stem stages (strides 1, 2, 4, ...) then the token map, NCHW (see VisionModel); the
+        trunk always stops at the last index taken, so ``stop_early`` changes nothing."""
         check_output_fmt(output_fmt, ("NCHW",), type(self).__name__)
         self._check(x)
         maps = self.trunk.forward_intermediates(x, indices, norm)

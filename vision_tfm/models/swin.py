@@ -387,11 +387,10 @@ class SwinTransformer(VisionModel):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Per-stage maps (strides 4, 8, 16, 32 for patch 4), timm's signature and return.
+        """Per-stage maps (strides 4, 8, 16, 32 for patch 4; timm's API: see VisionModel).
 
-        ``norm`` applies the final norm to the last stage's map, as the classifier sees it.
-        ``output_fmt`` is ``"NCHW"`` or the stages' own ``"NHWC"``; the final features
-        (``intermediates_only=False``) are NHWC like ``forward_features``.
+        ``norm`` applies to the last stage's map only, as the classifier sees it; ``output_fmt``
+        is ``"NCHW"`` or the stages' own ``"NHWC"`` (the final features are NHWC).
         """
         check_output_fmt(output_fmt, ("NCHW", "NHWC"), type(self).__name__)
         take = select_indices(indices, len(self.layers), "stage")

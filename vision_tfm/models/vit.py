@@ -208,17 +208,10 @@ class VisionTransformer(VisionModel):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Block outputs for dense heads and probes, with timm's signature and return.
+        """Block outputs for dense heads and probes (timm's API: see :class:`VisionModel`).
 
-        Args:
-            x: Images.
-            indices: Block indices (negative allowed), or an int for the last n blocks.
-            return_prefix_tokens: Pair each map with its prefix (class) tokens ``(B, P, D)``.
-            norm: Apply the final norm to each map (as detection necks usually want).
-            stop_early: Skip the blocks after the last one taken (always, when only the
-                intermediates are returned: the result is the same).
-            output_fmt: ``"NCHW"`` maps ``(B, D, H/p, W/p)`` or ``"NLC"`` tokens ``(B, N, D)``.
-            intermediates_only: Return only the list, not ``(forward_features(x), list)``.
+        ``return_prefix_tokens`` pairs each map with its prefix (class) tokens ``(B, P, D)``;
+        ``output_fmt`` is ``"NCHW"`` maps ``(B, D, H/p, W/p)`` or ``"NLC"`` tokens ``(B, N, D)``.
         """
         check_output_fmt(output_fmt, ("NCHW", "NLC"), type(self).__name__)
         take = select_indices(indices, len(self.blocks), "block")
