@@ -89,16 +89,9 @@ def batch_grasp_correct(
     Returns:
         One bool per view.
     """
+    thresholds = {"angle_threshold": angle_threshold, "iou_threshold": iou_threshold}
     results = []
     for i, gt in enumerate(gt_rects):
         preds = decode_grasps(*(maps[k][i] for k in MAP_KEYS), num_grasps=top_n, **decode_kwargs)
-        results.append(
-            grasp_correct(
-                preds,
-                gt,
-                top_n=top_n,
-                angle_threshold=angle_threshold,
-                iou_threshold=iou_threshold,
-            )
-        )
+        results.append(grasp_correct(preds, gt, top_n=top_n, **thresholds))
     return results

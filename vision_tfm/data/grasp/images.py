@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import torch
 
-from vision_tfm.data.datasets import open_image
+from vision_tfm.data.datasets import load_image, open_image
 
 from .annotations import GraspDataError
 
@@ -31,12 +31,9 @@ DEPTH_CLIP: float = 1.0
 
 
 def load_rgb(path: str | Path) -> np.ndarray:
-    """Decode an RGB view; a missing or corrupt file is a one-line error naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image file not found: {path}")
-    with open_image(path) as im:
-        return np.asarray(im.convert("RGB"))
+    """Decode an RGB view as classification decodes images (:func:`~vision_tfm.data.load_image`:
+    16-bit data scaled, not clipped; a missing or corrupt file is a one-line error naming it)."""
+    return load_image(path, 3)
 
 
 def load_depth(path: str | Path) -> np.ndarray:
@@ -195,8 +192,7 @@ class GraspAugment:
             rotate: Range in degrees, counter-clockwise on screen (albumentations' sign).
             zoom: Scale range; values above 1 zoom in on the objects.
             translate: Largest shift as a fraction of the image size, per axis.
-            hflip: Probability of a horizontal flip.
-            vflip: Probability of a vertical flip.
+            hflip, vflip: Probabilities of a horizontal and of a vertical flip.
             color_jitter: Brightness, contrast and saturation range (0 disables; hue ±0.02).
             color_p: Probability of the colour jitter.
             depth_noise: Standard deviation of the depth noise in metres (0 disables).
