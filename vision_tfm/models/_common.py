@@ -95,14 +95,10 @@ def block_kwargs(cfg: Any) -> dict[str, Any]:
 
 
 def init_weights(module: nn.Module) -> None:
-    """timm-style init: truncated-normal(0.02) linears with zero bias; norms at identity."""
+    """timm-style init: truncated-normal(0.02) linears with zero bias (norms start at identity)."""
     if isinstance(module, nn.Linear):
         nn.init.trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is not None:
-        nn.init.ones_(module.weight)
-        if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
 
 
