@@ -2,10 +2,7 @@
 
 Every override (YAML, ``key.sub=value`` on the CLI, ``create_model(**kw)``) goes through
 :func:`apply_overrides`, so an unknown key or a wrong type fails in one line that names the
-key, instead of being silently ignored or failing later inside a model. Floats must be finite,
-and a config dataclass declares the valid range of each numeric field (``RANGES``) and the
-allowed values of each string field (``CHOICES``), checked in its ``__post_init__``
-(:func:`check_ranges`) however it is built.
+key; each config's ``__post_init__`` checks its values (:func:`check_ranges`) however it is built.
 """
 
 from __future__ import annotations

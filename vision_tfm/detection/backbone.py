@@ -203,7 +203,7 @@ class DetectionBackbone(nn.Module):
 
 
 def _make_neck(body: SwinFeatures | ViTFeatures, out_channels: int, extra_block: str) -> nn.Module:
-    # torchvision costs ~1 s to import: only pay for it when a neck is built
+    # torchvision is slow to import: only pay for it when a neck is built
     from torchvision.ops.feature_pyramid_network import (
         FeaturePyramidNetwork,
         LastLevelMaxPool,

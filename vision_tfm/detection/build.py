@@ -58,7 +58,7 @@ def build_detector(
             f"num_classes counts the background (torchvision convention), so it must be an "
             f"integer >= 2 (background + at least one object class), got {num_classes!r}"
         )
-    # torchvision costs ~1 s to import: only pay for it when a detector is built
+    # torchvision is slow to import: only pay for it when a detector is built
     from torchvision.models.detection import FasterRCNN, RetinaNet
     from torchvision.models.detection.anchor_utils import AnchorGenerator
     from torchvision.ops import MultiScaleRoIAlign

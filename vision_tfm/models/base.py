@@ -1,10 +1,8 @@
 """timm's model contract, once for every family, and the plug-in points a family declares.
 
-A family subclasses :class:`VisionModel`, sets the class attributes below that differ from the
-defaults, and registers its sizes with ``register_model``: nothing else in the package names
-its class. ``create_model``, ``load_pretrained``, ``create_backbone`` and the training scripts
-read these attributes instead of testing class names or subclasses. The family's config
-dataclass checks its own fields (``_common.check_model_config`` from ``__post_init__``).
+A family subclasses :class:`VisionModel`, overrides the plug-in attributes that differ and
+registers its sizes with ``register_model``: the rest of the package reads those attributes
+and never names its class.
 """
 
 from __future__ import annotations

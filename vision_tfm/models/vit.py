@@ -88,11 +88,7 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         check_model_config(self)
-        if self.img_size < self.patch_size:
-            raise ConfigError(
-                f"img_size {self.img_size} is smaller than one patch (patch_size {self.patch_size})"
-            )
-        if self.img_size % self.patch_size:
+        if self.img_size % self.patch_size:  # also refuses an image smaller than one patch
             raise ConfigError(
                 f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}: "
                 "the position table covers whole patches (other input sizes are fine at run time)"
