@@ -256,10 +256,8 @@ def create_backbone(
         name: A registered ViT or Swin name (``vt.list_models()``).
         out_indices: Levels to output: Swin stages, or ViT pyramid levels (strides 4, 8, 16, 32).
         fpn: Add a neck so all levels share ``out_channels`` (an int, as detectors need).
-        pretrained: Weights as ``create_model`` takes them: True (timm's published weights
-            for the name) or a tag, from the Hugging Face cache; or a timm / torchvision /
-            official classification checkpoint (path or state dict). A string is read as
-            ``ModelConfig.pretrained`` is (``models.hub.weights_source``).
+        pretrained: True or a tag (timm's published weights), or a timm / torchvision /
+            official classification checkpoint (path or state dict): ``weights_source``.
         frozen_stages: Freeze the patch embedding and the first k stages (ViT: k quarters of
             the blocks, plus position embedding and class token); 0 freezes nothing.
         img_size: ViT: the grid the position table is kept at (pretrained ones are resampled).

@@ -31,7 +31,6 @@ from .annotations import (
     split_ids,
 )
 from .images import (
-    DEPTH_CLIP,
     GraspAugment,
     crop_box,
     crop_resize,
@@ -70,7 +69,6 @@ class GraspDataset(Dataset):
         normalise: str = "fixed",
         augment: GraspAugment | None = None,
         width_scale: float = WIDTH_SCALE,
-        depth_clip: float = DEPTH_CLIP,
         repeat: int = 1,
         cache: bool = False,
     ) -> None:
@@ -85,7 +83,6 @@ class GraspDataset(Dataset):
             normalise: Input normalisation, ``"fixed"`` or per ``"image"`` (see :func:`to_input`).
             augment: Applied after crop and resize (pass one only for training).
             width_scale: Width-map normaliser; must match decoding.
-            depth_clip: See :func:`normalise_depth`.
             repeat: Serve every view this many times per pass (each with its own augmentation),
                 so a tiny training set still gives an epoch enough steps.
             cache: Keep every view's decoded crop in memory (small datasets): decoding and
@@ -115,7 +112,6 @@ class GraspDataset(Dataset):
         self.normalise = normalise
         self.augment = augment
         self.width_scale = width_scale
-        self.depth_clip = depth_clip
         self.repeat = repeat
         self.cache: dict[int, tuple] | None = {} if cache else None
 
@@ -166,7 +162,7 @@ class GraspDataset(Dataset):
         centre = view.rects.reshape(-1, 2).mean(axis=0) if self.crop == "grasps" else None
         box = crop_box((H, W), self.crop_size or min(H, W), centre)
         S = self.output_size
-        rgb, depth = crop_resize(rgb, depth, box, S, self.depth_clip)
+        rgb, depth = crop_resize(rgb, depth, box, S)
         return rgb, depth, crop_to_output(view.rects, box, S)
 
 
@@ -334,5 +330,4 @@ def _options(ds: GraspDataset) -> dict[str, Any]:
         "crop": ds.crop,
         "normalise": ds.normalise,
         "width_scale": ds.width_scale,
-        "depth_clip": ds.depth_clip,
     }

@@ -298,7 +298,6 @@ def crop_resize(
     depth: np.ndarray | None,
     box: tuple[int, int, int],
     size: int,
-    depth_clip: float = DEPTH_CLIP,
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Cut the square ``box = (x0, y0, side)`` and resize it to ``size``; clean the depth.
 
@@ -310,7 +309,7 @@ def crop_resize(
         rgb = resize_area(rgb[y0 : y0 + crop, x0 : x0 + crop], size)
     if depth is not None:
         depth = fill_depth_holes(depth[y0 : y0 + crop, x0 : x0 + crop])
-        depth = normalise_depth(resize_area(depth, size), depth_clip)
+        depth = normalise_depth(resize_area(depth, size))
     return rgb, depth
 
 
