@@ -263,7 +263,7 @@ def build_grasp_datasets(
         fold: Which fold validates (0-based) when ``folds`` > 0.
         augment: True for the default :class:`GraspAugment`, False for none, or an instance;
             applied to the training set only.
-        train_crop: Crop of the training views (``"grasps"`` or ``"centre"``).
+        train_crop: Crop of the training views (``"centre"`` or ``"grasps"``).
         repeat: Passes over the training views per epoch (see :class:`GraspDataset`).
         cache: Keep decoded crops in memory, both splits (see :class:`GraspDataset`).
         **kwargs: Dataset options (``input``, ``output_size``, ``crop_size``, ``normalise``,
@@ -298,12 +298,9 @@ def build_grasp_datasets(
 def grasp_datasets_from_config(
     d: Any, seed: int, root: str | Path | None = None, **train_options: Any
 ) -> tuple[GraspDataset, GraspDataset, str]:
-    """:func:`build_grasp_datasets` as a grasp run's ``data`` section (``GraspDataConfig``) and
-    ``seed`` describe it, so training, export and calibration read the views alike.
-
-    ``root`` replaces ``d.root``; ``train_options`` (``augment``, default off, ``train_crop``,
-    ``repeat``, ``cache``) shape the training set only.
-    """
+    """:func:`build_grasp_datasets` as a run's ``data`` section (``GraspDataConfig``) and ``seed``
+    describe it, so training and export read the views alike; ``root`` replaces ``d.root``, and
+    ``train_options`` (``augment``, off by default, ``train_crop``, ...) shape the training set."""
     return build_grasp_datasets(
         d.dataset,
         root or d.root,

@@ -163,13 +163,9 @@ def to_input(
 class GraspAugment:
     """Grasp-aware augmentation: the rectangle corners move with the image as keypoints.
 
-    Geometry (shared by RGB, depth and corners): an affine map with rotation by any angle, zoom
-    and a small shift about the image centre (the objects, after the dataset's crop), then
-    horizontal and vertical flips. Uncovered borders are 0 (black RGB; mean depth, since depth
-    is already mean-subtracted). Colour jitter touches RGB only (depth rides as an albumentations
-    mask); Gaussian depth noise touches depth only.
-
-    In a DataLoader worker the random state is re-seeded from the worker's torch seed, so
+    RGB, depth and corners share the geometry: an affine map about the image centre, then
+    flips; uncovered borders are 0 (black RGB, mean depth). Colour jitter touches RGB only,
+    Gaussian noise depth only. A DataLoader worker reseeds from its own torch seed, so
     workers do not repeat each other's augmentations.
     """
 
