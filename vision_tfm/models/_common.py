@@ -42,12 +42,8 @@ ATTENTION_CHOICES: dict[str, tuple[str, ...]] = {
 
 
 def check_model_config(cfg: Any) -> None:
-    """Reject an out-of-range architecture field in one line naming it: every family config's
-    ``__post_init__`` calls this, so a model is never built from one.
-
-    A negative depth or a zero head count would otherwise surface deep inside a layer as a
-    ZeroDivisionError or a negative tensor size.
-    """
+    """Reject an out-of-range architecture field in one line naming it, from every family
+    config's ``__post_init__``: a zero head count would otherwise fail deep inside a layer."""
     kind = type(cfg)
     names = {f.name for f in dataclasses.fields(cfg)}
     base = {k: r for k, r in BASE_RANGES.items() if k in names}

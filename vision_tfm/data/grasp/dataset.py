@@ -91,12 +91,10 @@ class GraspDataset(Dataset):
         Raises:
             FileNotFoundError: ``input`` needs depth and a view has no depth file.
         """
-        if input != "rgb":
-            for v in views:
-                if v.depth_path is None:
-                    raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
-        if crop_size:
-            for v in views:  # header only: fail before a run starts, not at the first batch
+        for v in views:  # fail before a run starts, not at the first batch
+            if input != "rgb" and v.depth_path is None:
+                raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
+            if crop_size:  # the header's size only
                 path = v.rgb_path if input != "depth" else v.depth_path
                 with open_image(path) as im:
                     w, h = im.size
