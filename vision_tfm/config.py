@@ -2,14 +2,12 @@
 
 Every override (YAML, ``key.sub=value`` on the CLI, ``create_model(**kw)``) goes through
 :func:`apply_overrides`, so an unknown key or a wrong type fails in one line that names the
-key, instead of being silently ignored or failing later inside a model. Floats must be finite,
-and a config dataclass declares the valid range of each numeric field (``RANGES``) and the
-allowed values of each string field (``CHOICES``), checked in its ``__post_init__``
-(:func:`check_ranges`) however it is built.
+key; each config's ``__post_init__`` checks its values (:func:`check_ranges`) however it is built.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -144,16 +142,13 @@ def _coerce(value: Any, tp: Any, key: str, finite: bool = True) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        errors = []
         for arm in typing.get_args(tp):
             if arm is type(None):
                 if value is None:
                     return None
                 continue
-            try:
+            with contextlib.suppress(ConfigError):
                 return _coerce(value, arm, key, finite)
-            except ConfigError as e:
-                errors.append(str(e))
         raise ConfigError(f"config key {key!r}: {value!r} does not match {tp}")
     if origin is tuple or origin is list:
         if not isinstance(value, (list, tuple)):

@@ -19,6 +19,7 @@ from vision_tfm.data.grasp import (
     corners_to_jacquard,
     fill_depth_holes,
     grasp_collate,
+    grasp_datasets_from_config,
     jacquard_to_corners,
     kfold_splits,
     normalise_depth,
@@ -334,6 +335,19 @@ def test_build_grasp_datasets() -> None:
     assert (len(train), len(val)) == (2, 1) and name.startswith("cornell image-wise")
     assert train.augment is not None and val.augment is None
     assert set(train.ids).isdisjoint(val.ids)
+
+
+def test_datasets_from_config_read_every_data_setting() -> None:
+    d = GraspDataConfig(
+        root=str(CORNELL), input="rgb", split="object", folds=3, fold=1, output_size=64,
+        crop_size=200, normalise="image", width_scale=90.0,
+    )  # fmt: skip
+    train, val, name = grasp_datasets_from_config(d, seed=0, repeat=2)
+    assert name.startswith("cornell object-wise") and "fold 2/3" in name
+    assert (len(train), val.ids) == (4, ["pcd0101"])
+    for ds in (train, val):
+        assert (ds.input, ds.output_size, ds.crop_size) == ("rgb", 64, 200)
+        assert (ds.normalise, ds.width_scale, ds.augment) == ("image", 90.0, None)
 
 
 def test_repeat_serves_each_training_view_several_times_freshly_augmented() -> None:

@@ -30,18 +30,12 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 def parse_idx(
     data: bytes, source: str = "<bytes>", expected_magic: int | None = None
 ) -> np.ndarray:
-    """Decode an uncompressed idx buffer, checking its header against its length.
+    """Decode uncompressed idx bytes (big-endian magic, then one uint32 per dimension) into the
+    array its header declares, in native byte order.
 
-    Args:
-        data: The raw idx bytes (big-endian header: magic, then one uint32 per dimension).
-        source: Name used in error messages.
-        expected_magic: If given, the magic number the file must carry (2051 images, 2049 labels).
-
-    Returns:
-        The array with the shape and dtype the header declares (native byte order).
-
-    Raises:
-        ValueError: Bad magic number, unknown type code, or a body shorter/longer than declared.
+    ``source`` names the data in errors; ``expected_magic`` (2051 images, 2049 labels), when
+    given, is the magic number it must carry. A bad magic number, an unknown type code or a
+    body shorter or longer than declared is a ValueError.
     """
     if len(data) < 4:
         raise ValueError(f"{source}: {len(data)} bytes is too short for an idx header")

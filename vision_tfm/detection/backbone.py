@@ -6,18 +6,10 @@ to an ``OrderedDict`` of NCHW maps named ``"0"``, ``"1"``, ... (torchvision's co
 as it is. Every map at stride ``s`` is ``ceil(H / s) x ceil(W / s)``, for any input size.
 
 Both bodies are timm's ``FeatureGetterNet`` (what ``create_model(features_only=True)`` returns),
-so the model is pruned to the levels used and read through ``forward_intermediates``. Which body
-a family gets is its class's ``backbone_kind``:
-
-* ``"stages"`` (Swin): the stage outputs of ``forward_intermediates``, unchanged (an optional
-  per-level LayerNorm2d is off by default so they equal the classifier's intermediates).
-  ``fpn=True`` adds torchvision's ``FeaturePyramidNetwork``.
-* ``"simple_pyramid"`` (ViT): the simple feature pyramid of ViTDet (Li et al. 2022) built from
-  the last block's map at stride ``p`` (the patch size, any power of two): up-sampling by 2x
-  transposed convs (channels halved each time, LayerNorm2d + GELU between), identity, or
-  down-sampling by 2x2 max-pool; then 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to
-  ``out_channels`` (256 as in ViTDet). The paper found a top-down FPN adds nothing on top of
-  this, so ``fpn=True`` only appends the detector's extra level; the widths are already equal.
+pruned to the levels used; the family's ``backbone_kind`` picks one: ``"stages"`` (Swin's stage
+maps, :class:`SwinFeatures`; ``fpn=True`` adds torchvision's ``FeaturePyramidNetwork``) or
+``"simple_pyramid"`` (ViTDet's pyramid from a plain ViT's last map, :class:`ViTFeatures`; ViTDet
+found a top-down FPN adds nothing there, so ``fpn=True`` only appends the extra level).
 """
 
 from __future__ import annotations
@@ -104,7 +96,10 @@ def _rescale(dim: int, log2_scale: int) -> tuple[nn.Sequential, int]:
 
 
 class ViTFeatures(FeatureGetterNet):
-    """ViTDet's simple feature pyramid over a plain ViT's last block (strides 4, 8, 16, 32)."""
+    """ViTDet's simple feature pyramid (Li et al. 2022) over a plain ViT's last block map at
+    stride ``p`` (any power of two), to strides 4, 8, 16, 32: each level resamples it
+    (:func:`_rescale`), then 1x1 conv + LayerNorm2d + 3x3 conv + LayerNorm2d to ``out_channels``.
+    """
 
     def __init__(
         self, model: nn.Module, out_indices: Sequence[int], out_channels: int = 256
@@ -208,7 +203,7 @@ class DetectionBackbone(nn.Module):
 
 
 def _make_neck(body: SwinFeatures | ViTFeatures, out_channels: int, extra_block: str) -> nn.Module:
-    # torchvision costs ~1 s to import: only pay for it when a neck is built
+    # torchvision is slow to import: only pay for it when a neck is built
     from torchvision.ops.feature_pyramid_network import (
         FeaturePyramidNetwork,
         LastLevelMaxPool,
@@ -261,10 +256,8 @@ def create_backbone(
         name: A registered ViT or Swin name (``vt.list_models()``).
         out_indices: Levels to output: Swin stages, or ViT pyramid levels (strides 4, 8, 16, 32).
         fpn: Add a neck so all levels share ``out_channels`` (an int, as detectors need).
-        pretrained: Weights as ``create_model`` takes them: True (timm's published weights
-            for the name) or a tag, from the Hugging Face cache; or a timm / torchvision /
-            official classification checkpoint (path or state dict). A string is read as
-            ``ModelConfig.pretrained`` is (``models.hub.weights_source``).
+        pretrained: True or a tag (timm's published weights), or a timm / torchvision /
+            official classification checkpoint (path or state dict): ``weights_source``.
         frozen_stages: Freeze the patch embedding and the first k stages (ViT: k quarters of
             the blocks, plus position embedding and class token); 0 freezes nothing.
         img_size: ViT: the grid the position table is kept at (pretrained ones are resampled).

@@ -44,11 +44,7 @@ def build_detector(
         num_classes: Including background (labels are 1..num_classes-1), as torchvision counts;
             so at least 2.
         out_indices: Backbone levels; default strides 4-32 (Faster R-CNN) or 8-32 (RetinaNet).
-        pretrained: Backbone weights: True, a timm tag, or a classification checkpoint
-            (see ``create_backbone``).
-        frozen_stages: Backbone stages to freeze (see ``create_backbone``).
-        img_size: ViT position-table grid (see ``create_backbone``).
-        out_channels: FPN / pyramid width.
+        pretrained, frozen_stages, img_size, out_channels: As ``create_backbone`` takes them.
         min_size: Shorter image side after torchvision's resize transform.
         max_size: Cap on the longer side after resizing.
         backbone_kw: Extra ``create_backbone`` keywords, including model overrides
@@ -62,7 +58,7 @@ def build_detector(
             f"num_classes counts the background (torchvision convention), so it must be an "
             f"integer >= 2 (background + at least one object class), got {num_classes!r}"
         )
-    # torchvision costs ~1 s to import: only pay for it when a detector is built
+    # torchvision is slow to import: only pay for it when a detector is built
     from torchvision.models.detection import FasterRCNN, RetinaNet
     from torchvision.models.detection.anchor_utils import AnchorGenerator
     from torchvision.ops import MultiScaleRoIAlign

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torchvision.ops import box_iou
 
-__all__ = ["box_iou", "mean_average_precision", "voc_ap"]
+__all__ = ["mean_average_precision", "voc_ap"]
 
 
 def voc_ap(recall: torch.Tensor, precision: torch.Tensor) -> float:

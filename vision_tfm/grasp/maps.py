@@ -16,16 +16,6 @@ import numpy as np
 
 from vision_tfm.grasp.rect import Grasp, grasp_axes, wrap_angle
 
-__all__ = [
-    "MAP_ACTIVATIONS",
-    "MAP_KEYS",
-    "WIDTH_SCALE",
-    "activate_grasp_maps",
-    "as_grasps",
-    "decode_grasps",
-    "encode_grasp_maps",
-]
-
 WIDTH_SCALE: float = 150.0
 """Pixels of opening that map to width 1.0 (at the 224-pixel model input)."""
 
@@ -58,12 +48,11 @@ def encode_grasp_maps(
     shape: tuple[int, int],
     *,
     width_scale: float = WIDTH_SCALE,
-    centre_fraction: float = 1 / 3,
 ) -> dict[str, np.ndarray]:
     """Rasterise ground-truth rectangles into the four training maps.
 
     For every rectangle we fill the pixels whose centres lie in the rectangle with the same
-    centre and angle, opening ``opening * centre_fraction`` and the full jaw width (plus the
+    centre and angle, the middle third of the opening and the full jaw width (plus the
     pixel nearest the centre, so tiny rectangles still leave a mark). Filled pixels get quality 1,
     ``cos 2θ``, ``sin 2θ`` and ``opening / width_scale`` (not clipped); later rectangles overwrite
     earlier ones where they overlap, as in GG-CNN. Everything else is 0.
@@ -72,7 +61,6 @@ def encode_grasp_maps(
         rects: ``(K, 4, 2)`` corners (opening along corner 0 -> 1) or a sequence of grasps.
         shape: ``(H, W)`` of the maps.
         width_scale: Opening in pixels that maps to width 1.0.
-        centre_fraction: Share of the opening, around the centre, that counts as graspable.
 
     Returns:
         Dict with keys ``quality, cos, sin, width``, each float32 ``(H, W)``.
@@ -80,7 +68,7 @@ def encode_grasp_maps(
     H, W = shape
     maps = {k: np.zeros((H, W), dtype=np.float32) for k in MAP_KEYS}
     for g in as_grasps(rects):
-        half_len = g.opening * centre_fraction / 2
+        half_len = g.opening * (1 / 3) / 2  # the middle third counts as graspable
         half_jaw = g.jaw / 2
         u, v = grasp_axes(np.asarray(g.angle))
         ext = np.abs(u) * half_len + np.abs(v) * half_jaw  # half extent of the filled box
@@ -127,10 +115,8 @@ def _local_peaks(
 
     A pixel is a candidate when it equals the max over its ``(2d+1)^2`` window (grey dilation,
     like skimage's ``peak_local_max``). Touching candidates form a plateau of one value, which
-    stands for one peak at its middle (the candidate nearest its centroid): taking the first
-    pixel in raster order put the centre of a flat-topped peak, such as an encoded ground
-    truth, at the plateau's top-left corner (up to 28 px off). Peaks are then thinned
-    greedily by Chebyshev distance, best first.
+    stands for one peak at its middle (the candidate nearest its centroid), not at its first
+    pixel in raster order. Peaks are then thinned greedily by Chebyshev distance, best first.
     """
     size = 2 * min_distance + 1
     window_max = cv2.dilate(q, np.ones((size, size), np.uint8))
@@ -168,7 +154,6 @@ def decode_grasps(
     width_sigma: float = 1.0,
     width_scale: float = WIDTH_SCALE,
     jaw: float | None = None,
-    jaw_ratio: float = 0.5,
 ) -> list[Grasp]:
     """Turn predicted maps into the best ``num_grasps`` grasps, best first.
 
@@ -177,19 +162,15 @@ def decode_grasps(
     peak reads ``angle = 0.5 * atan2(sin, cos)`` and ``opening = width * width_scale``.
 
     Args:
-        quality: ``(H, W)`` or ``(1, H, W)`` quality map (numpy or torch).
-        cos: Map of ``cos 2θ``.
-        sin: Map of ``sin 2θ``.
-        width: Map of ``opening / width_scale``.
+        quality, cos, sin, width: ``(H, W)`` or ``(1, H, W)`` maps (numpy or torch) of the
+            quality, ``cos 2θ``, ``sin 2θ`` and ``opening / width_scale``.
         num_grasps: How many grasps to return at most.
         min_distance: Minimum Chebyshev distance between peaks, in map pixels.
         threshold: Minimum smoothed quality of a peak; fewer grasps come back below it.
-        quality_sigma: Gaussian sigma for the quality map (0 disables smoothing).
-        angle_sigma: Gaussian sigma for the cos and sin maps.
-        width_sigma: Gaussian sigma for the width map.
+        quality_sigma, angle_sigma, width_sigma: Gaussian sigma for the quality, the cos and
+            sin, and the width maps (0 disables smoothing).
         width_scale: Must equal the value used to encode (:data:`WIDTH_SCALE`).
-        jaw: Fixed jaw width in pixels; if None, ``opening * jaw_ratio`` (GG-CNN uses 1/2).
-        jaw_ratio: Jaw width relative to the opening when ``jaw`` is None.
+        jaw: Fixed jaw width in pixels; None: half the opening, as GG-CNN and ``model.json``.
 
     Returns:
         List of :class:`Grasp` in map-pixel coordinates with the smoothed quality.
@@ -207,6 +188,6 @@ def decode_grasps(
     for r, col in _local_peaks(q, min_distance, threshold, num_grasps):
         angle = float(wrap_angle(0.5 * math.atan2(s[r, col], c[r, col])))
         opening = float(w[r, col]) * width_scale
-        jaw_px = jaw if jaw is not None else opening * jaw_ratio
+        jaw_px = jaw if jaw is not None else opening * 0.5
         grasps.append(Grasp(float(col), float(r), angle, opening, jaw_px, float(q[r, col])))
     return grasps

@@ -16,15 +16,6 @@ import numpy as np
 from vision_tfm.grasp.maps import MAP_KEYS, as_grasps, decode_grasps
 from vision_tfm.grasp.rect import Grasp
 
-__all__ = [
-    "ANGLE_THRESHOLD",
-    "IOU_THRESHOLD",
-    "angle_difference",
-    "batch_grasp_correct",
-    "grasp_correct",
-    "grasp_matches",
-]
-
 ANGLE_THRESHOLD: float = math.radians(30.0)
 IOU_THRESHOLD: float = 0.25
 
@@ -92,24 +83,15 @@ def batch_grasp_correct(
             (numpy or torch; e.g. the model's output dict).
         gt_rects: One ``(K, 4, 2)`` corner array per view, in the maps' pixel frame
             (the third element of a :func:`vision_tfm.data.grasp.grasp_collate` batch).
-        top_n: Number of decoded grasps that may match.
-        angle_threshold: Largest allowed angle difference in radians.
-        iou_threshold: IoU must exceed this.
+        top_n, angle_threshold, iou_threshold: As :func:`grasp_correct` takes them.
         **decode_kwargs: Passed to :func:`decode_grasps` (e.g. ``width_scale``, ``min_distance``).
 
     Returns:
         One bool per view.
     """
+    thresholds = {"angle_threshold": angle_threshold, "iou_threshold": iou_threshold}
     results = []
     for i, gt in enumerate(gt_rects):
         preds = decode_grasps(*(maps[k][i] for k in MAP_KEYS), num_grasps=top_n, **decode_kwargs)
-        results.append(
-            grasp_correct(
-                preds,
-                gt,
-                top_n=top_n,
-                angle_threshold=angle_threshold,
-                iou_threshold=iou_threshold,
-            )
-        )
+        results.append(grasp_correct(preds, gt, top_n=top_n, **thresholds))
     return results

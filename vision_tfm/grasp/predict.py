@@ -16,8 +16,6 @@ from torch import nn
 from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps, decode_grasps
 from vision_tfm.grasp.rect import Grasp
 
-__all__ = ["GraspMaps", "draw_grasps", "flip_averaged", "grasp_maps", "predict_grasps"]
-
 
 class GraspMaps(nn.Module):
     """A grasp model whose outputs are the activated maps rather than logits.

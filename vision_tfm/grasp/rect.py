@@ -22,18 +22,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = [
-    "Grasp",
-    "corners_to_params",
-    "grasp_axes",
-    "params_to_corners",
-    "polygon_area",
-    "polygon_intersection",
-    "polygon_iou",
-    "rotate_points",
-    "wrap_angle",
-]
-
 
 def wrap_angle(theta: float | np.ndarray) -> float | np.ndarray:
     """Wrap angles into ``[-pi/2, pi/2)``: a parallel gripper is symmetric under a half turn."""

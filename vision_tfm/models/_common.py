@@ -13,21 +13,10 @@ from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, Range, c
 from ..errors import InputError
 from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
 
-__all__ = [
-    "ATTENTION_CHOICES",
-    "BASE_RANGES",
-    "RATE",
-    "check_model_config",
-    "init_weights",
-    "select_indices",
-]
-
 RATE = Range(0, 1, hi_open=True)  # a dropout / drop-path probability
 
-# Ranges of the fields every family spells the same way. A family's config declares its own
-# ``RANGES`` (its other numeric fields) and ``CHOICES`` (string fields); these apply to the
-# fields it has. Tuples (Swin's per-stage ``depths`` / ``num_heads``, the hybrid's stem) are
-# checked entry by entry, and an ``int`` field takes integers only.
+# Ranges of the fields every family spells the same way, applied to those a config has; its
+# own ``RANGES`` and ``CHOICES`` cover the rest (``check_ranges``).
 BASE_RANGES: dict[str, Range] = {
     "img_size": AT_LEAST_ONE,
     "in_chans": AT_LEAST_ONE,
@@ -53,12 +42,8 @@ ATTENTION_CHOICES: dict[str, tuple[str, ...]] = {
 
 
 def check_model_config(cfg: Any) -> None:
-    """Reject an out-of-range architecture field in one line naming it: every family config's
-    ``__post_init__`` calls this, so a model is never built from one.
-
-    A negative depth or a zero head count would otherwise surface deep inside a layer as a
-    ZeroDivisionError or a negative tensor size.
-    """
+    """Reject an out-of-range architecture field in one line naming it, from every family
+    config's ``__post_init__``: a zero head count would otherwise fail deep inside a layer."""
     kind = type(cfg)
     names = {f.name for f in dataclasses.fields(cfg)}
     base = {k: r for k, r in BASE_RANGES.items() if k in names}
@@ -106,14 +91,10 @@ def block_kwargs(cfg: Any) -> dict[str, Any]:
 
 
 def init_weights(module: nn.Module) -> None:
-    """timm-style init: truncated-normal(0.02) linears with zero bias; norms at identity."""
+    """timm-style init: truncated-normal(0.02) linears with zero bias (norms start at identity)."""
     if isinstance(module, nn.Linear):
         nn.init.trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is not None:
-        nn.init.ones_(module.weight)
-        if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
 
 

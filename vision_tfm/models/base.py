@@ -1,32 +1,21 @@
 """timm's model contract, once for every family, and the plug-in points a family declares.
 
-A family subclasses :class:`VisionModel`, sets the class attributes below that differ from the
-defaults, and registers its sizes with ``register_model``: nothing else in the package names
-its class. ``create_model``, ``load_pretrained``, ``create_backbone`` and the training scripts
-read these attributes instead of testing class names or subclasses. The family's config
-dataclass checks its own fields (``_common.check_model_config`` from ``__post_init__``).
+A family subclasses :class:`VisionModel`, overrides the plug-in attributes that differ and
+registers its sizes with ``register_model``: the rest of the package reads those attributes
+and never names its class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
-import torch
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from ..config import ConfigError
 from ..errors import InputError
 
-__all__ = ["VisionModel", "check_output_fmt", "intermediates_result"]
-
-
-def intermediates_result(
-    final: Callable[[], torch.Tensor], maps: list, intermediates_only: bool
-) -> list | tuple[torch.Tensor, list]:
-    """timm's return convention: the maps alone, or ``(final features, maps)``."""
-    return maps if intermediates_only else (final(), maps)
+__all__ = ["VisionModel", "check_output_fmt"]
 
 
 def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:
@@ -47,6 +36,12 @@ class VisionModel(nn.Module):
             ``None`` (no detection backbone).
         first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
         global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
+
+    Every family has timm's ``forward_intermediates(x, indices, norm, stop_early, output_fmt,
+    intermediates_only)``: ``indices`` are ``feature_info`` levels (negative allowed) or an int
+    for the last n, ``norm`` applies the final norm, ``stop_early`` skips the levels after the
+    last one taken (always when only the maps are returned); it returns the list of maps, or
+    ``(forward_features(x), maps)``. ``prune_intermediate_layers`` drops what follows the last.
     """
 
     task: ClassVar[str] = "cls"

@@ -1,11 +1,8 @@
 """Checkpoint interop: timm, torchvision and official-Swin state dicts -> our keys.
 
-``load_pretrained`` detects the source layout from the keys, converts, resamples what
-depends on resolution (ViT position table), and loads strictly: anything missing or
-unexpected is listed in the error. The only tolerated difference is the classifier head:
-one of another class count, or one the checkpoint lacks, is left at its fresh init and
-reported (fine-tuning use); a checkpoint's head is dropped for a model built without one
-(``num_classes=0``, a feature extractor).
+``load_pretrained`` detects the source layout from the keys, converts, resamples the ViT
+position table, and loads strictly; the only tolerated difference is the classifier head
+(:func:`_split_head`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Published weights for ``create_model(pretrained=...)`` and ``checkpoint_path=``.
 
-The registered names of the full-size models are timm's, so ``pretrained=True`` (or a tag such
-as ``"augreg_in21k_ft_in1k"``) resolves timm's ``pretrained_cfg`` for that name and downloads
-the file with timm's Hugging Face loader into the normal HF cache (``HF_HUB_OFFLINE=1`` and an
-existing cache work as for timm). The state dict then goes through ``convert.py`` and
-``load_pretrained``: strict, head kept or left at init by ``num_classes``, position table
-resampled for another ``img_size``; a first conv of another channel count is adapted as timm
-does (``adapt_input_conv``).
+The full-size models carry timm's names, so ``pretrained=True`` (or a tag such as
+``"augreg_in21k_ft_in1k"``) resolves timm's ``pretrained_cfg`` and downloads the file with
+timm's Hugging Face loader into the normal HF cache; ``load_pretrained`` then loads it.
 """
 
 from __future__ import annotations

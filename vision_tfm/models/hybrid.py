@@ -41,7 +41,7 @@ from ._common import (
     init_weights,
     select_indices,
 )
-from .base import VisionModel, check_output_fmt, intermediates_result
+from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
 __all__ = [
@@ -267,15 +267,12 @@ class _HybridModel(VisionModel):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Stem stages (strides 1, 2, 4, ...) then the token map, NCHW; timm's signature.
-
-        ``indices`` index ``feature_info``; ``stop_early`` is accepted for the signature: the
-        trunk runs up to the last index taken either way. Otherwise as ViT's.
-        """
+        """Stem stages (strides 1, 2, 4, ...) then the token map, NCHW (see VisionModel); the
+        trunk always stops at the last index taken, so ``stop_early`` changes nothing."""
         check_output_fmt(output_fmt, ("NCHW",), type(self).__name__)
         self._check(x)
         maps = self.trunk.forward_intermediates(x, indices, norm)
-        return intermediates_result(lambda: self.trunk(x)[0], maps, intermediates_only)
+        return maps if intermediates_only else (self.trunk(x)[0], maps)
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
@@ -300,10 +297,6 @@ class _HybridModel(VisionModel):
             "stem": r"^trunk\.(?:stem|proj)",
             "blocks": [(r"^trunk\.blocks\.(\d+)", None), (r"^trunk\.norm", (99999,))],
         }
-
-    def no_weight_decay(self) -> set[str]:
-        """Nothing is exempt by name: the position encodings are fixed, not learned."""
-        return set()
 
 
 # --- classification ----------------------------------------------------------------------

@@ -37,7 +37,7 @@ from ..layers import (
     symbolic,
 )
 from ._common import block_kwargs, check_model_config, init_weights, select_indices
-from .base import VisionModel, check_output_fmt, intermediates_result
+from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
 __all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
@@ -387,11 +387,10 @@ class SwinTransformer(VisionModel):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Per-stage maps (strides 4, 8, 16, 32 for patch 4), timm's signature and return.
+        """Per-stage maps (strides 4, 8, 16, 32 for patch 4; timm's API: see VisionModel).
 
-        ``norm`` applies the final norm to the last stage's map, as the classifier sees it.
-        ``output_fmt`` is ``"NCHW"`` or the stages' own ``"NHWC"``; the final features
-        (``intermediates_only=False``) are NHWC like ``forward_features``.
+        ``norm`` applies to the last stage's map only, as the classifier sees it; ``output_fmt``
+        is ``"NCHW"`` or the stages' own ``"NHWC"`` (the final features are NHWC).
         """
         check_output_fmt(output_fmt, ("NCHW", "NHWC"), type(self).__name__)
         take = select_indices(indices, len(self.layers), "stage")
@@ -404,7 +403,7 @@ class SwinTransformer(VisionModel):
             if i in take:
                 y = self.norm(x) if norm and i == len(self.layers) - 1 else x
                 outs.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
-        return intermediates_result(lambda: self.norm(x), outs, intermediates_only)
+        return outs if intermediates_only else (self.norm(x), outs)
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True

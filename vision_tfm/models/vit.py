@@ -37,7 +37,7 @@ from ._common import (
     init_weights,
     select_indices,
 )
-from .base import VisionModel, check_output_fmt, intermediates_result
+from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
 __all__ = ["ViTConfig", "VisionTransformer"]
@@ -88,11 +88,7 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         check_model_config(self)
-        if self.img_size < self.patch_size:
-            raise ConfigError(
-                f"img_size {self.img_size} is smaller than one patch (patch_size {self.patch_size})"
-            )
-        if self.img_size % self.patch_size:
+        if self.img_size % self.patch_size:  # also refuses an image smaller than one patch
             raise ConfigError(
                 f"img_size {self.img_size} must be a multiple of patch_size {self.patch_size}: "
                 "the position table covers whole patches (other input sizes are fine at run time)"
@@ -208,17 +204,10 @@ class VisionTransformer(VisionModel):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
-        """Block outputs for dense heads and probes, with timm's signature and return.
+        """Block outputs for dense heads and probes (timm's API: see :class:`VisionModel`).
 
-        Args:
-            x: Images.
-            indices: Block indices (negative allowed), or an int for the last n blocks.
-            return_prefix_tokens: Pair each map with its prefix (class) tokens ``(B, P, D)``.
-            norm: Apply the final norm to each map (as detection necks usually want).
-            stop_early: Skip the blocks after the last one taken (always, when only the
-                intermediates are returned: the result is the same).
-            output_fmt: ``"NCHW"`` maps ``(B, D, H/p, W/p)`` or ``"NLC"`` tokens ``(B, N, D)``.
-            intermediates_only: Return only the list, not ``(forward_features(x), list)``.
+        ``return_prefix_tokens`` pairs each map with its prefix (class) tokens ``(B, P, D)``;
+        ``output_fmt`` is ``"NCHW"`` maps ``(B, D, H/p, W/p)`` or ``"NLC"`` tokens ``(B, N, D)``.
         """
         check_output_fmt(output_fmt, ("NCHW", "NLC"), type(self).__name__)
         take = select_indices(indices, len(self.blocks), "block")
@@ -236,9 +225,7 @@ class VisionTransformer(VisionModel):
                 if output_fmt == "NCHW":  # (B, N, D) -> (B, D, gh, gw)
                     y = y.transpose(1, 2).reshape(y.shape[0], -1, gh, gw)
                 outs.append((y, prefix) if return_prefix_tokens else y)
-        return intermediates_result(
-            lambda: place.end(stream, self.norm, True), outs, intermediates_only
-        )
+        return outs if intermediates_only else (place.end(stream, self.norm, True), outs)
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True

@@ -26,6 +26,7 @@ from .dataset import (
     JacquardGrasp,
     build_grasp_datasets,
     grasp_collate,
+    grasp_datasets_from_config,
 )
 from .images import (
     DEPTH_CLIP,
@@ -69,6 +70,7 @@ __all__ = [
     "find_cornell_views",
     "find_jacquard_views",
     "grasp_collate",
+    "grasp_datasets_from_config",
     "jacquard_to_corners",
     "kfold_splits",
     "load_depth",

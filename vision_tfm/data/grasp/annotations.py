@@ -53,16 +53,11 @@ def _check_rect(corners: np.ndarray, path: Path, lineno: int) -> None:
 def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
     """Read a Cornell ``pcdXXXXcpos.txt``: 4 lines of ``x y`` per rectangle.
 
-    Blank lines and trailing spaces are ignored. Rectangles holding NaN values (a known Cornell
-    quirk) are dropped and counted; any other non-numeric text is an error.
+    Blank lines and trailing spaces are ignored; the module docstring gives the bad-data policy.
 
     Returns:
-        ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of dropped rectangles.
-
-    Raises:
-        GraspDataError: Empty or binary file, a line without exactly two numbers, a rectangle
-            beyond :data:`MAX_COORD` or of zero size (each naming file and line), a line count
-            that is not a multiple of 4, or no valid rectangle left.
+        ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of NaN rectangles
+        dropped.
     """
     path = Path(path)
     rows, linenos = [], []
@@ -103,10 +98,6 @@ def read_jacquard_grasps(path: str | Path) -> np.ndarray:
 
     Returns:
         float64 ``(K, 5)`` rows in Jacquard's own units (see :func:`jacquard_to_corners`).
-
-    Raises:
-        GraspDataError: A line without 5 finite numbers, with an opening or jaw <= 0 or a value
-            beyond :data:`MAX_COORD` (naming file and line), or no grasp at all.
     """
     path = Path(path)
     rows = []
@@ -244,6 +235,28 @@ class Split(NamedTuple):
     name: str
 
 
+def _ordered(
+    ids: list[str], split: str, seed: int, groups: Sequence[str] | None
+) -> tuple[list[str], list[str] | None, str]:
+    """Ids in the order splits cut them, each one's object (object-wise with ``groups`` only),
+    and how the cut is named: shuffled with ``seed`` (``"image"``) or sorted (``"object"``)."""
+    if split == "image":
+        order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+        return order, None, f"image-wise (shuffled, seed {seed})"
+    if split == "object":
+        idx = np.argsort(ids, kind="stable")
+        group = [groups[i] for i in idx] if groups is not None else None
+        return [ids[i] for i in idx], group, "object-wise (consecutive ids)"
+    raise ValueError(f"split must be 'image' or 'object', got {split!r}")
+
+
+def _object_boundary(cut: int, group: list[str] | None, end: int) -> int:
+    """Move a cut forward, up to ``end``, until no object lies on both sides of it."""
+    while group is not None and cut < end and group[cut] == group[cut - 1]:
+        cut += 1
+    return cut
+
+
 def split_ids(
     ids: Sequence[str],
     split: Literal["image", "object"] = "image",
@@ -266,23 +279,10 @@ def split_ids(
         raise ValueError(f"need at least 2 views to split, got {len(ids)}")
     if not 0 < train_frac < 1:
         raise ValueError(f"train_frac must be in (0, 1), got {train_frac}")
+    order, group, how = _ordered(ids, split, seed, groups)
     n_train = min(max(round(train_frac * len(ids)), 1), len(ids) - 1)
-    if split == "image":
-        order = np.random.default_rng(seed).permutation(len(ids))
-        train = sorted(ids[i] for i in order[:n_train])
-        val = sorted(ids[i] for i in order[n_train:])
-        how = f"image-wise (shuffled, seed {seed})"
-    elif split == "object":
-        order = np.argsort(ids, kind="stable")
-        ordered = [ids[i] for i in order]
-        if groups is not None:
-            group = [groups[i] for i in order]
-            while n_train < len(ids) - 1 and group[n_train] == group[n_train - 1]:
-                n_train += 1
-        train, val = ordered[:n_train], ordered[n_train:]
-        how = "object-wise (consecutive ids)"
-    else:
-        raise ValueError(f"split must be 'image' or 'object', got {split!r}")
+    n_train = _object_boundary(n_train, group, len(ids) - 1)
+    train, val = sorted(order[:n_train]), sorted(order[n_train:])
     return Split(train, val, f"{how} {len(train)} train / {len(val)} val")
 
 
@@ -295,10 +295,8 @@ def kfold_splits(
 ) -> list[Split]:
     """Cut the views into ``folds`` disjoint validation sets that together cover every view.
 
-    ``"image"`` shuffles the views with ``seed`` and deals them into near-equal folds;
-    ``"object"`` cuts the sorted ids into consecutive blocks (roughly object-wise on Cornell,
-    whose objects fill consecutive views), and with ``groups`` (one object id per view) moves
-    each cut forward to the next object boundary so no object is in two folds.
+    ``split``, ``seed`` and ``groups`` work as in :func:`split_ids`, so object-wise folds hold
+    consecutive ids and, with ``groups``, no object is in two folds.
 
     Returns:
         One ``Split(train, val, name)`` per fold; fold ``i`` validates on block ``i``.
@@ -306,25 +304,14 @@ def kfold_splits(
     ids = list(ids)
     if folds < 2 or folds > len(ids):
         raise ValueError(f"folds must be in [2, {len(ids)}] for {len(ids)} views, got {folds}")
-    if split == "image":
-        order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
-        cuts = [round(i * len(ids) / folds) for i in range(folds + 1)]
-        how = f"image-wise (shuffled, seed {seed})"
-    elif split == "object":
-        order = sorted(ids)
-        group = [groups[ids.index(i)] for i in order] if groups is not None else order
-        cuts = [0]
-        for i in range(1, folds):
-            c = max(round(i * len(ids) / folds), cuts[-1] + 1)
-            while c < len(ids) and group[c] == group[c - 1]:
-                c += 1
-            cuts.append(c)
-        cuts.append(len(ids))
-        if any(b <= a for a, b in pairwise(cuts)):
-            raise ValueError(f"{len(set(group))} objects cannot fill {folds} object-wise folds")
-        how = "object-wise (consecutive ids)"
-    else:
-        raise ValueError(f"split must be 'image' or 'object', got {split!r}")
+    order, group, how = _ordered(ids, split, seed, groups)
+    cuts = [0]
+    for i in range(1, folds):
+        cut = max(round(i * len(ids) / folds), cuts[-1] + 1)
+        cuts.append(_object_boundary(cut, group, len(ids)))
+    cuts.append(len(ids))
+    if any(b <= a for a, b in pairwise(cuts)):
+        raise ValueError(f"{len(set(group or ids))} objects cannot fill {folds} object-wise folds")
     out = []
     for k in range(folds):
         val = sorted(order[cuts[k] : cuts[k + 1]])

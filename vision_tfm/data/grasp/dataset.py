@@ -1,21 +1,11 @@
 """The grasp Dataset: views -> ``(input, maps, rects)``, and the train/val builder.
 
-Pipeline of one item (``GraspDataset.__getitem__``):
-
-1. Load RGB (Pillow) and/or depth (float32 metres, Pillow; Jacquard's TIFFs are LZW).
-2. Cut a ``crop_size`` square, shifted to stay inside the image, and resize it to
-   ``output_size``. Where it sits is ``crop``: ``"centre"`` (the image centre, what
-   :func:`vision_tfm.grasp.predict_grasps` and any deployed model see) or ``"grasps"`` (the
-   mean of the view's ground-truth corners, GG-CNN's Cornell protocol: it uses the labels, so
-   it only serves training and the paper-comparable figure). Jacquard crops default to the
-   whole (square) image, where both are the same.
-3. Depth: fill holes, subtract the crop's mean and clip (:mod:`.images`).
-4. Optional :class:`GraspAugment` (albumentations; corners ride along as keypoints).
-5. Encode the rectangles into ``quality, cos, sin, width`` maps (:mod:`vision_tfm.grasp.maps`).
-
-The input tensor is ``(C, S, S)`` float32: channels ``R, G, B`` (ImageNet mean/std), ``D`` or
-``R, G, B, D``. Rectangles follow :mod:`vision_tfm.grasp.rect` (pixel centres at integer
-coordinates, opening along corner 0 -> 1).
+One item: load RGB and/or depth, cut a ``crop_size`` square and resize it to ``output_size``
+(depth holes filled, mean subtracted, clipped: :mod:`.images`), optionally augment
+(:class:`GraspAugment`), then encode the rectangles into ``quality, cos, sin, width`` maps
+(:mod:`vision_tfm.grasp.maps`). The crop sits at the image ``"centre"``, as deployment
+(:func:`vision_tfm.grasp.predict_grasps`) sees it, or on the mean of the view's ``"grasps"``
+(GG-CNN's Cornell protocol: it uses the labels, so training and the paper figure only).
 """
 
 from __future__ import annotations
@@ -41,7 +31,6 @@ from .annotations import (
     split_ids,
 )
 from .images import (
-    DEPTH_CLIP,
     GraspAugment,
     crop_box,
     crop_resize,
@@ -80,7 +69,6 @@ class GraspDataset(Dataset):
         normalise: str = "fixed",
         augment: GraspAugment | None = None,
         width_scale: float = WIDTH_SCALE,
-        depth_clip: float = DEPTH_CLIP,
         repeat: int = 1,
         cache: bool = False,
     ) -> None:
@@ -91,26 +79,22 @@ class GraspDataset(Dataset):
             input: Which channels to feed the model.
             output_size: Side S of the square model input and maps.
             crop_size: Side of the square crop; None means the shorter image side.
-            crop: Where the crop sits: ``"centre"`` of the image (deployment) or on the mean of
-                the ground-truth ``"grasps"`` (GG-CNN; training and paper comparison only).
+            crop: Where the crop sits, ``"centre"`` or ``"grasps"`` (see the module docstring).
             normalise: Input normalisation, ``"fixed"`` or per ``"image"`` (see :func:`to_input`).
             augment: Applied after crop and resize (pass one only for training).
             width_scale: Width-map normaliser; must match decoding.
-            depth_clip: See :func:`normalise_depth`.
             repeat: Serve every view this many times per pass (each with its own augmentation),
                 so a tiny training set still gives an epoch enough steps.
-            cache: Keep every view's decoded crop in memory (~0.8 MB per view at 224 RGB-D):
-                decoding and depth hole filling are most of an item's cost. For small datasets.
+            cache: Keep every view's decoded crop in memory (small datasets): decoding and
+                depth hole filling are most of an item's cost.
 
         Raises:
             FileNotFoundError: ``input`` needs depth and a view has no depth file.
         """
-        if input != "rgb":
-            for v in views:
-                if v.depth_path is None:
-                    raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
-        if crop_size:
-            for v in views:  # header only: fail before a run starts, not at the first batch
+        for v in views:  # fail before a run starts, not at the first batch
+            if input != "rgb" and v.depth_path is None:
+                raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
+            if crop_size:  # the header's size only
                 path = v.rgb_path if input != "depth" else v.depth_path
                 with open_image(path) as im:
                     w, h = im.size
@@ -126,7 +110,6 @@ class GraspDataset(Dataset):
         self.normalise = normalise
         self.augment = augment
         self.width_scale = width_scale
-        self.depth_clip = depth_clip
         self.repeat = repeat
         self.cache: dict[int, tuple] | None = {} if cache else None
 
@@ -173,16 +156,11 @@ class GraspDataset(Dataset):
             raise GraspDataError(
                 f"{view.depth_path}: depth {depth.shape} does not match RGB {rgb.shape[:2]}"
             )
-        H, W = (rgb if rgb is not None else depth).shape[:2]
-        crop = self.crop_size or min(H, W)
-        if crop > min(H, W):
-            raise GraspDataError(
-                f"{view.rgb_path}: image {W}x{H} is smaller than the {crop}x{crop} crop"
-            )
+        H, W = (rgb if rgb is not None else depth).shape[:2]  # fit the crop: see __init__
         centre = view.rects.reshape(-1, 2).mean(axis=0) if self.crop == "grasps" else None
-        box = crop_box((H, W), crop, centre)
+        box = crop_box((H, W), self.crop_size or min(H, W), centre)
         S = self.output_size
-        rgb, depth = crop_resize(rgb, depth, box, S, self.depth_clip)
+        rgb, depth = crop_resize(rgb, depth, box, S)
         return rgb, depth, crop_to_output(view.rects, box, S)
 
 
@@ -216,14 +194,8 @@ class CornellGrasp(GraspDataset):
         crop_size: int = 300,
         **kwargs: Any,
     ) -> None:
-        """Discover views under ``root`` (``root/*/pcdXXXX*`` or ``root/pcdXXXX*``).
-
-        Args:
-            root: Dataset folder.
-            ids: Subset of view ids (e.g. from :func:`split_ids`); None keeps all.
-            crop_size: Side of the crop around the grasps before resizing.
-            **kwargs: :class:`GraspDataset` options (``input``, ``output_size``, ``augment`` ...).
-        """
+        """Views under ``root`` (``root/*/pcdXXXX*`` or ``root/pcdXXXX*``), or the ``ids`` among
+        them (e.g. from :func:`split_ids`); ``kwargs`` are :class:`GraspDataset` options."""
         views, self.skipped_rects = find_cornell_views(root)
         if self.skipped_rects:
             warnings.warn(
@@ -244,14 +216,8 @@ class JacquardGrasp(GraspDataset):
         crop_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        """Discover views anywhere under ``root``.
-
-        Args:
-            root: Dataset folder (one sub-folder per object).
-            ids: Subset of view ids ``<object>_<view>``; None keeps all.
-            crop_size: Crop side; None keeps the whole square image.
-            **kwargs: :class:`GraspDataset` options.
-        """
+        """Views anywhere under ``root`` (one folder per object), or the ``ids``
+        (``<object>_<view>``) among them; None ``crop_size`` keeps the whole square image."""
         super().__init__(_select(find_jacquard_views(root), ids), crop_size=crop_size, **kwargs)
 
 
@@ -289,21 +255,17 @@ def build_grasp_datasets(
     the labels, since augmentation then moves the objects about anyway.
 
     Args:
-        name: ``"cornell"`` or ``"jacquard"``.
-        root: Dataset folder.
-        split: ``"image"`` (shuffled) or ``"object"`` (consecutive ids / whole objects).
-        train_frac: Share of views for training.
-        seed: Shuffle seed of the image-wise split.
+        name: ``"cornell"`` or ``"jacquard"``, with its dataset folder ``root``.
+        split, train_frac, seed: As :func:`split_ids` takes them (objects from the views).
         folds: Cross-validation folds (:func:`kfold_splits`); 0 uses ``train_frac`` instead.
         fold: Which fold validates (0-based) when ``folds`` > 0.
         augment: True for the default :class:`GraspAugment`, False for none, or an instance;
             applied to the training set only.
-        train_crop: Crop of the training views (``"grasps"`` or ``"centre"``).
+        train_crop: Crop of the training views (``"centre"`` or ``"grasps"``).
         repeat: Passes over the training views per epoch (see :class:`GraspDataset`).
         cache: Keep decoded crops in memory, both splits (see :class:`GraspDataset`).
         **kwargs: Dataset options (``input``, ``output_size``, ``crop_size``, ``normalise``,
-            ``width_scale``);
-            ``crop`` is set per split, not here.
+            ``width_scale``); ``crop`` is set per split, not here.
 
     Returns:
         ``(train, val, split_name)``; print ``split_name`` beside every reported figure.
@@ -331,6 +293,29 @@ def build_grasp_datasets(
     return train, val, f"{name} {how}"
 
 
+def grasp_datasets_from_config(
+    d: Any, seed: int, root: str | Path | None = None, **train_options: Any
+) -> tuple[GraspDataset, GraspDataset, str]:
+    """:func:`build_grasp_datasets` as a run's ``data`` section (``GraspDataConfig``) and ``seed``
+    describe it, so training and export read the views alike; ``root`` replaces ``d.root``, and
+    ``train_options`` (``augment``, off by default, ``train_crop``, ...) shape the training set."""
+    return build_grasp_datasets(
+        d.dataset,
+        root or d.root,
+        split=d.split,
+        train_frac=d.train_frac,
+        seed=seed,
+        folds=d.folds,
+        fold=d.fold,
+        input=d.input,
+        output_size=d.output_size,
+        crop_size=d.crop_size or None,
+        normalise=d.normalise,
+        width_scale=d.width_scale,
+        **{"augment": False, **train_options},
+    )
+
+
 def _options(ds: GraspDataset) -> dict[str, Any]:
     """Constructor options of a dataset, to derive subsets without re-reading annotations."""
     return {
@@ -340,5 +325,4 @@ def _options(ds: GraspDataset) -> dict[str, Any]:
         "crop": ds.crop,
         "normalise": ds.normalise,
         "width_scale": ds.width_scale,
-        "depth_clip": ds.depth_clip,
     }

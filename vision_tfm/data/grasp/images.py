@@ -1,9 +1,5 @@
 """Image side of a grasp view: decoding, depth cleaning, crops, normalisation, augmentation.
 
-Depth: holes (NaN, inf, <= 0) are filled from their valid neighbours, then the crop's mean is
-subtracted and the result clipped to ``±depth_clip`` metres. RGB is ImageNet-normalised,
-or (``normalise="image"``) RGB and depth are each standardised on the view's own statistics.
-
 Hole filling and resizing are plain numpy rules rather than OpenCV's inpainting and
 ``INTER_AREA``, so that ``model.json`` can state them exactly and a runtime without OpenCV
 (``examples/onnx_client.py``) reproduces them; the area resize is OpenCV's ``INTER_AREA``
@@ -19,7 +15,7 @@ import cv2
 import numpy as np
 import torch
 
-from vision_tfm.data.datasets import open_image
+from vision_tfm.data.datasets import load_image, open_image
 
 from .annotations import GraspDataError
 
@@ -35,12 +31,9 @@ DEPTH_CLIP: float = 1.0
 
 
 def load_rgb(path: str | Path) -> np.ndarray:
-    """Decode an RGB view; a missing or corrupt file is a one-line error naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image file not found: {path}")
-    with open_image(path) as im:
-        return np.asarray(im.convert("RGB"))
+    """Decode an RGB view as classification decodes images (:func:`~vision_tfm.data.load_image`:
+    16-bit data scaled, not clipped; a missing or corrupt file is a one-line error naming it)."""
+    return load_image(path, 3)
 
 
 def load_depth(path: str | Path) -> np.ndarray:
@@ -170,13 +163,9 @@ def to_input(
 class GraspAugment:
     """Grasp-aware augmentation: the rectangle corners move with the image as keypoints.
 
-    Geometry (shared by RGB, depth and corners): an affine map with rotation by any angle, zoom
-    and a small shift about the image centre (the objects, after the dataset's crop), then
-    horizontal and vertical flips. Uncovered borders are 0 (black RGB; mean depth, since depth
-    is already mean-subtracted). Colour jitter touches RGB only (depth rides as an albumentations
-    mask); Gaussian depth noise touches depth only.
-
-    In a DataLoader worker the random state is re-seeded from the worker's torch seed, so
+    RGB, depth and corners share the geometry: an affine map about the image centre, then
+    flips; uncovered borders are 0 (black RGB, mean depth). Colour jitter touches RGB only,
+    Gaussian noise depth only. A DataLoader worker reseeds from its own torch seed, so
     workers do not repeat each other's augmentations.
     """
 
@@ -199,8 +188,7 @@ class GraspAugment:
             rotate: Range in degrees, counter-clockwise on screen (albumentations' sign).
             zoom: Scale range; values above 1 zoom in on the objects.
             translate: Largest shift as a fraction of the image size, per axis.
-            hflip: Probability of a horizontal flip.
-            vflip: Probability of a vertical flip.
+            hflip, vflip: Probabilities of a horizontal and of a vertical flip.
             color_jitter: Brightness, contrast and saturation range (0 disables; hue ±0.02).
             color_p: Probability of the colour jitter.
             depth_noise: Standard deviation of the depth noise in metres (0 disables).
@@ -255,9 +243,7 @@ class GraspAugment:
     def _reseed_in_worker(self) -> None:
         info = torch.utils.data.get_worker_info()
         if info is not None and info.seed != self._worker_seed:
-            self._worker_seed = info.seed
-            self.transform.set_random_seed(info.seed % 2**32)
-            self.rng = np.random.default_rng(info.seed)
+            self.reseed(info.seed)
 
     def __call__(
         self, rgb: np.ndarray | None, depth: np.ndarray | None, rects: np.ndarray
@@ -292,12 +278,8 @@ class GraspAugment:
 def crop_box(
     shape: tuple[int, int], side: int, centre: np.ndarray | None = None
 ) -> tuple[int, int, int]:
-    """The square ``(x0, y0, side)`` around ``centre`` (x, y), or the image centre when None,
-    shifted to stay inside an image of ``shape = (H, W)``.
-
-    The image centre is the deployment crop: :func:`vision_tfm.grasp.predict_grasps` and the
-    validation of every run use it, so the reported figure is what a robot's camera gets.
-    """
+    """The square ``(x0, y0, side)`` around ``centre`` (x, y), or the image centre (deployment
+    and validation) when None, shifted to stay inside an image of ``shape = (H, W)``."""
     H, W = shape
     if centre is None:
         return (W - side) // 2, (H - side) // 2, side
@@ -312,7 +294,6 @@ def crop_resize(
     depth: np.ndarray | None,
     box: tuple[int, int, int],
     size: int,
-    depth_clip: float = DEPTH_CLIP,
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Cut the square ``box = (x0, y0, side)`` and resize it to ``size``; clean the depth.
 
@@ -324,7 +305,7 @@ def crop_resize(
         rgb = resize_area(rgb[y0 : y0 + crop, x0 : x0 + crop], size)
     if depth is not None:
         depth = fill_depth_holes(depth[y0 : y0 + crop, x0 : x0 + crop])
-        depth = normalise_depth(resize_area(depth, size), depth_clip)
+        depth = normalise_depth(resize_area(depth, size))
     return rgb, depth
 
 
