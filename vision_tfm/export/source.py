@@ -145,8 +145,7 @@ class ExportSource:
             elif not root:
                 raise ValueError("the grasp checkpoint names no data.root, so there is no val set")
             else:
-                split = dict(split=d.split, seed=self.cfg.run.seed, folds=d.folds, fold=d.fold)
-                self._data = grasp_split(self.cfg, root, **split)
+                self._data = grasp_split(self.cfg, root)
         return self._data
 
     def _cls_data(self) -> tuple[Dataset, Dataset]:
@@ -453,24 +452,12 @@ def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std
     }
 
 
-def grasp_split(cfg: Any, root: str | os.PathLike, **split: Any) -> tuple[Dataset, Dataset]:
-    """(train, val) of ``cfg``'s grasp dataset kind under ``root``, both preprocessed as
-    validation is; ``split`` as :func:`~vision_tfm.data.grasp.build_grasp_datasets` takes it."""
-    from ..data.grasp import build_grasp_datasets
+def grasp_split(cfg: Any, root: str | os.PathLike) -> tuple[Dataset, Dataset]:
+    """(train, val) of the checkpoint's grasp split under ``root``, both preprocessed as
+    validation is."""
+    from ..data.grasp import grasp_datasets_from_config
 
-    d = cfg.data
-    train, val, _ = build_grasp_datasets(
-        d.dataset,
-        root,
-        train_frac=d.train_frac,
-        augment=False,
-        input=d.input,
-        output_size=d.output_size,
-        crop_size=d.crop_size or None,
-        normalise=d.normalise,
-        width_scale=d.width_scale,
-        **split,
-    )
+    train, val, _ = grasp_datasets_from_config(cfg.data, cfg.run.seed, root)
     return train, val
 
 
