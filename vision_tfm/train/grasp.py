@@ -31,7 +31,6 @@ from ..config import (
     PROBABILITY,
     ConfigError,
     Range,
-    check_ranges,
     config_to_dict,
 )
 from ..data.grasp import (
@@ -56,7 +55,15 @@ from ..grasp import (
     predict_grasps,
 )
 from ..models import get_model_entry
-from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
+from .config import (
+    Checked,
+    EmaConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    SchedConfig,
+    grasp_models,
+)
 from .distributed import all_reduce_sum
 from .logging import plot_curves
 
@@ -80,7 +87,7 @@ _GEOMETRY = ("all", "graspable")
 
 
 @dataclass
-class GraspDataConfig:
+class GraspDataConfig(Checked):
     """Grasp data, input channels, split and augmentation.
 
     Attributes:
@@ -162,13 +169,13 @@ class GraspDataConfig:
     }
 
     def __post_init__(self) -> None:
-        check_ranges(self)
+        super().__post_init__()
         if self.folds and not self.fold < self.folds:
             raise ConfigError(f"data.fold must be in [0, {self.folds}), got {self.fold}")
 
 
 @dataclass
-class GraspLossConfig:
+class GraspLossConfig(Checked):
     """Loss on the four maps.
 
     Attributes:
@@ -196,12 +203,9 @@ class GraspLossConfig:
         "geometry": _GEOMETRY,
     }
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
 
 @dataclass
-class GraspEvalConfig:
+class GraspEvalConfig(Checked):
     """Decoding and scoring.
 
     Attributes:
@@ -244,9 +248,6 @@ class GraspEvalConfig:
         "angle_sigma": NON_NEGATIVE,
         "width_sigma": NON_NEGATIVE,
     }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 @dataclass
