@@ -14,24 +14,33 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from ..config import apply_overrides
 from ..errors import CheckpointError, RunDirError
 from ..models.convert import check_finite, load_torch_file
 
 __all__ = [
     "REQUIRED_KEYS",
     "RESUME_KEYS",
+    "TASKS",
     "atomic_save",
     "build_for_weights",
     "check_fits",
     "check_meta",
+    "checkpoint_builder",
     "load_checkpoint",
+    "restore_model",
     "shipped_weights",
 ]
+
+T = TypeVar("T")
+
+TASKS = {"cls": ("classification", "train_cls.py"), "grasp": ("grasp", "train_grasp.py")}
+"""Checkpoint ``meta["task"]`` -> what to call it, and the script that trains it."""
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -180,6 +189,37 @@ def build_for_weights(
     model = build()
     model.load_state_dict(weights)
     return model
+
+
+def checkpoint_builder(
+    ckpt: dict[str, Any],
+    default: T,
+    build: Callable[[T, dict[str, Any]], nn.Module],
+    source: str = "checkpoint",
+) -> tuple[Callable[[], nn.Module], T]:
+    """What rebuilds a checkpoint's model, uncalled so that it can run on the meta device,
+    and the checkpoint's config over ``default``; ``build(cfg, meta)`` makes the model."""
+    check_meta(ckpt["meta"], source)
+    cfg = apply_overrides(default, ckpt["config"])
+    return lambda: build(cfg, ckpt["meta"]), cfg
+
+
+def restore_model(
+    ckpt: dict[str, Any],
+    task: str,
+    builder: Callable[[dict[str, Any], str], tuple[Callable[[], nn.Module], T]],
+    use_ema: bool | None = None,
+    source: str = "checkpoint",
+) -> tuple[nn.Module, T]:
+    """Rebuild a trained ``task`` model (a key of :data:`TASKS`) in eval mode, and its config.
+
+    ``builder`` is the task's :func:`checkpoint_builder`; ``use_ema``: see
+    :func:`shipped_weights`; ``source`` names the checkpoint in errors.
+    """
+    if ckpt.get("meta", {}).get("task") != task:
+        raise CheckpointError(f"checkpoint is not a {TASKS[task][0]} checkpoint")
+    build, cfg = builder(ckpt, source)
+    return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
 
 
 def shipped_weights(

@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ..config import ConfigError
 from ..data import AugConfig, DataConfig, build_cls_datasets
-from ..errors import CheckpointError
 from ..models.registry import get_model_entry
-from .checkpoint import build_for_weights, check_meta, shipped_weights
+from .checkpoint import checkpoint_builder, restore_model
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
@@ -28,7 +27,6 @@ __all__ = [
     "ClassificationTask",
     "ClsConfig",
     "build_cls_model",
-    "cls_model_builder",
     "eval_data_config",
     "restore_cls_model",
 ]
@@ -114,9 +112,19 @@ class ClassificationTask:
     def collate(self, batch: list) -> Any:
         return default_collate(batch)
 
-    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
-        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
-        return cls_model_builder(ckpt)[0]
+    @staticmethod
+    def model_builder(
+        ckpt: dict[str, Any], source: str = "checkpoint"
+    ) -> tuple[Callable[[], nn.Module], ClsConfig]:
+        """Rebuilds ``ckpt``'s classifier (the engine checks a resumed checkpoint with it)."""
+        return checkpoint_builder(
+            ckpt,
+            ClsConfig(),
+            lambda cfg, m: build_cls_model(
+                cfg.model, m["num_classes"], m["in_chans"], m["img_size"]
+            ),
+            source,
+        )
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, y = (t.to(device, non_blocking=True) for t in batch)
@@ -167,28 +175,8 @@ class ClassificationTask:
 def restore_cls_model(
     ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, ClsConfig]:
-    """Rebuild a trained classifier from a checkpoint dict (config + weights).
-
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
-    the checkpoint in errors.
-    """
-    if ckpt.get("meta", {}).get("task") != "cls":
-        raise CheckpointError("checkpoint is not a classification checkpoint")
-    build, cfg = cls_model_builder(ckpt, source)
-    return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
-
-
-def cls_model_builder(
-    ckpt: dict[str, Any], source: str = "checkpoint"
-) -> tuple[Callable[[], nn.Module], ClsConfig]:
-    """What rebuilds a checkpoint's classifier (uncalled, so it can run on the meta device)."""
-    from ..config import apply_overrides
-
-    meta = ckpt["meta"]
-    check_meta(meta, source)
-    cfg = apply_overrides(ClsConfig(), ckpt["config"])
-    size = (meta["num_classes"], meta["in_chans"], meta["img_size"])
-    return lambda: build_cls_model(cfg.model, *size), cfg
+    """Rebuild a trained classifier (see :func:`~vision_tfm.train.checkpoint.restore_model`)."""
+    return restore_model(ckpt, "cls", ClassificationTask.model_builder, use_ema, source)
 
 
 def eval_data_config(cfg: ClsConfig, meta: dict[str, Any]) -> DataConfig:

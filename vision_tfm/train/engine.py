@@ -372,7 +372,7 @@ class Trainer:
         check_finite(self.ckpt["model"], what)
         builder = getattr(self.task, "model_builder", None)
         if builder is not None:
-            check_fits(builder(self.ckpt), self.ckpt["model"], what)
+            check_fits(builder(self.ckpt)[0], self.ckpt["model"], what)
 
     def _check_compatible(self, model: nn.Module) -> None:
         ck_name = self.ckpt["meta"].get("model_name")

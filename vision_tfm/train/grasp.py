@@ -43,7 +43,6 @@ from ..data.grasp import (
     build_grasp_datasets,
     grasp_collate,
 )
-from ..errors import CheckpointError
 from ..grasp import (
     MAP_KEYS,
     WIDTH_SCALE,
@@ -55,6 +54,7 @@ from ..grasp import (
     predict_grasps,
 )
 from ..models import get_model_entry
+from .checkpoint import checkpoint_builder, restore_model
 from .config import (
     Checked,
     EmaConfig,
@@ -74,7 +74,6 @@ __all__ = [
     "check_grasp_model",
     "cross_validate",
     "draw_grasps",
-    "grasp_model_builder",
     "predict_grasps",
     "restore_grasp_model",
 ]
@@ -343,9 +342,14 @@ class GraspTask:
     def collate(self, batch: list) -> Any:
         return grasp_collate(batch)
 
-    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
-        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
-        return grasp_model_builder(ckpt)[0]
+    @staticmethod
+    def model_builder(
+        ckpt: dict[str, Any], source: str = "checkpoint"
+    ) -> tuple[Callable[[], nn.Module], GraspConfig]:
+        """Rebuilds ``ckpt``'s grasp model (the engine checks a resumed checkpoint with it)."""
+        return checkpoint_builder(
+            ckpt, GraspConfig(), lambda cfg, _: build_grasp_model(cfg), source
+        )
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, maps, _ = batch
@@ -448,30 +452,8 @@ def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -
 def restore_grasp_model(
     ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, GraspConfig]:
-    """Rebuild a trained grasp model from a checkpoint dict.
-
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
-    the checkpoint in errors.
-    """
-    from .checkpoint import build_for_weights, shipped_weights
-
-    if ckpt.get("meta", {}).get("task") != "grasp":
-        raise CheckpointError("checkpoint is not a grasp checkpoint")
-    build, cfg = grasp_model_builder(ckpt, source)
-    model = build_for_weights(build, shipped_weights(ckpt, use_ema, source), source)
-    return model.eval(), cfg
-
-
-def grasp_model_builder(
-    ckpt: dict[str, Any], source: str = "checkpoint"
-) -> tuple[Callable[[], nn.Module], GraspConfig]:
-    """What rebuilds a checkpoint's grasp model (uncalled, so it can run on the meta device)."""
-    from ..config import apply_overrides
-    from .checkpoint import check_meta
-
-    check_meta(ckpt["meta"], source)
-    cfg = apply_overrides(GraspConfig(), ckpt["config"])
-    return lambda: build_grasp_model(cfg), cfg
+    """Rebuild a trained grasp model (see :func:`~vision_tfm.train.checkpoint.restore_model`)."""
+    return restore_model(ckpt, "grasp", GraspTask.model_builder, use_ema, source)
 
 
 def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:

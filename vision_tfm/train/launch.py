@@ -10,16 +10,12 @@ from typing import Any, TypeVar
 
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
 from ..errors import VisionTfmError
-from .checkpoint import load_checkpoint
+from .checkpoint import TASKS, load_checkpoint
 from .engine import NonFiniteLossError
 
 __all__ = ["TASKS", "base_parser", "resolve_config", "run_cli"]
 
 T = TypeVar("T")
-
-
-# task (checkpoint meta) -> what to call it, and the script that trains it
-TASKS = {"cls": ("classification", "train_cls.py"), "grasp": ("grasp", "train_grasp.py")}
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
