@@ -83,6 +83,10 @@ IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
 _MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
 _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
+# data settings that GraspAugment, and build_grasp_datasets (split, view), take by name
+_AUG_KEYS = ("zoom", "translate", "color_jitter", "depth_noise")
+_SPLIT_KEYS = ("split", "train_frac", "folds", "fold", "train_crop", "repeat", "cache")
+_VIEW_KEYS = ("input", "output_size", "normalise", "width_scale")
 
 
 @dataclass
@@ -112,10 +116,10 @@ class GraspDataConfig(Checked):
         color_jitter: RGB jitter strength (0 = off).
         depth_noise: Depth noise std in metres.
         width_scale: The one width normaliser, used for encoding and decoding.
-        repeat: Passes over the training views per epoch, each freshly augmented; Cornell's
-            56 training views make 7 steps, too few to be worth an evaluation each.
-        cache: Keep decoded view crops in memory (small datasets: Cornell's 70 views take
-            ~60 MB); augmentation still runs fresh on every item.
+        repeat: Passes over the training views per epoch, each freshly augmented, so that a
+            small dataset makes enough steps to be worth an evaluation each.
+        cache: Keep decoded view crops in memory (small datasets); augmentation still runs
+            fresh on every item.
     """
 
     dataset: str = "cornell"
@@ -229,14 +233,8 @@ class GraspEvalConfig(Checked):
 
     def decode_kwargs(self, width_scale: float) -> dict[str, Any]:
         """Keyword arguments of :func:`~vision_tfm.grasp.decode_grasps` for this config."""
-        return {
-            "width_scale": width_scale,
-            "min_distance": self.min_distance,
-            "threshold": self.threshold,
-            "quality_sigma": self.quality_sigma,
-            "angle_sigma": self.angle_sigma,
-            "width_sigma": self.width_sigma,
-        }
+        names = ("min_distance", "threshold", "quality_sigma", "angle_sigma", "width_sigma")
+        return {"width_scale": width_scale, **{k: getattr(self, k) for k in names}}
 
     SECTION: ClassVar[str] = "eval"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -295,34 +293,14 @@ class GraspTask:
         self._gt: tuple[DataLoader, DataLoader] | None = None  # (val loader, its GG-CNN twin)
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
-        d = self.cfg.data
+        d, seed = self.cfg.data, self.cfg.run.seed
         aug: GraspAugment | bool = False
         if d.augment:
-            aug = GraspAugment(
-                rotate=(-d.rotate, d.rotate),
-                zoom=d.zoom,
-                translate=d.translate,
-                color_jitter=d.color_jitter,
-                depth_noise=d.depth_noise,
-                seed=self.cfg.run.seed,
-            )
+            aug_kw = {k: getattr(d, k) for k in _AUG_KEYS}
+            aug = GraspAugment(rotate=(-d.rotate, d.rotate), seed=seed, **aug_kw)
+        data_kw = {k: getattr(d, k) for k in _SPLIT_KEYS + _VIEW_KEYS}
         train, val, self.split_name = build_grasp_datasets(
-            d.dataset,
-            d.root,
-            split=d.split,
-            train_frac=d.train_frac,
-            seed=self.cfg.run.seed,
-            folds=d.folds,
-            fold=d.fold,
-            augment=aug,
-            train_crop=d.train_crop,
-            input=d.input,
-            output_size=d.output_size,
-            crop_size=d.crop_size or None,
-            normalise=d.normalise,
-            width_scale=d.width_scale,
-            repeat=d.repeat,
-            cache=d.cache,
+            d.dataset, d.root, seed=seed, augment=aug, crop_size=d.crop_size or None, **data_kw
         )
         self.val_gt = val.recropped("grasps")
         model = build_grasp_model(self.cfg)
