@@ -131,9 +131,8 @@ class ClassificationTask:
         if self.mixup is not None:
             x, y_soft = self.mixup(x, y)
             return self.soft_ce(model(x), y_soft), x.shape[0]
-        return F.cross_entropy(model(x), y, label_smoothing=self.cfg.aug.label_smoothing), x.shape[
-            0
-        ]
+        smoothing = self.cfg.aug.label_smoothing
+        return F.cross_entropy(model(x), y, label_smoothing=smoothing), x.shape[0]
 
     def predict(self, model: nn.Module, loader: DataLoader, device: torch.device):
         """Logits and labels over a loader (this rank's shard)."""

@@ -305,10 +305,6 @@ class Trainer:
         dtype = torch.float16 if (p == "amp" and dt == "cuda") else torch.bfloat16
         return torch.autocast(device_type=dt, dtype=dtype)
 
-    def _lr(self, batch: int) -> float:
-        o = self.cfg.optim
-        return o.lr * batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
-
     def _setup(self) -> None:
         cfg = self.cfg
         if is_main() and self.resume_path is None:  # a read-only out dir fails before any work
@@ -332,9 +328,9 @@ class Trainer:
         self.ema = None
         if cfg.ema.enabled:
             self.ema = ModelEmaV3(self.model, decay=cfg.ema.decay, use_warmup=cfg.ema.warmup)
-        global_batch = self.task.batch_size * cfg.optim.accum_steps * world_size()
-        self.base_lr = self._lr(global_batch)
         o = cfg.optim
+        global_batch = self.task.batch_size * o.accum_steps * world_size()
+        self.base_lr = o.lr * global_batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
         self.optimizer = build_optimizer(self.model, o, self.base_lr)
         # a shorter last accumulation group is stepped too
         self.steps_per_epoch = max(1, math.ceil(self._num_batches() / o.accum_steps))
@@ -360,10 +356,9 @@ class Trainer:
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = self.train_model = DistributedDataParallel(self.model, device_ids=ids)
-        if cfg.run.compile:
-            t0 = time.perf_counter()
+        if cfg.run.compile:  # lazy: it compiles in the first step, which reports the time
+            self._compile_t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
-            self._compile_t0 = t0
 
     def _check_weights(self) -> None:
         """Before anything is built: finite weights that fit the model the checkpoint's config

@@ -83,6 +83,8 @@ IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
 _MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
 _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
+# the headline metrics, each with what its printed line adds (printed in reverse)
+_HEADLINES = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
 # data settings that GraspAugment, and build_grasp_datasets (split, view), take by name
 _AUG_KEYS = ("zoom", "translate", "color_jitter", "depth_noise")
 _SPLIT_KEYS = ("split", "train_frac", "folds", "fold", "train_crop", "repeat", "cache")
@@ -407,14 +409,11 @@ class GraspTask:
     def summary(self, metrics: dict[str, float]) -> str:
         """Two lines: the GG-CNN ground-truth-centred figure, then the headline (centre crop)."""
         split = f"{self.cfg.data.split}-wise"
-        lines = []
-        if "grasp_acc_gt_crop" in metrics:
-            lines.append(
-                f"grasp acc ({split}, top-1, GG-CNN ground-truth-centred crop): "
-                f"{metrics['grasp_acc_gt_crop']:.2f}"
-            )
-        lines.append(f"grasp acc ({split}, top-1): {metrics['grasp_acc']:.2f}")
-        return "\n".join(lines)
+        return "\n".join(
+            f"grasp acc ({split}, top-1{label}): {metrics[m]:.2f}"
+            for m, label in reversed(_HEADLINES.items())
+            if m in metrics
+        )
 
 
 def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -> np.ndarray:
@@ -451,7 +450,6 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
         raise ConfigError(f"--folds must be >= 2, got {folds}")
     cv_dir = make_run_dir(cfg.run.out_dir, f"{cfg.model.name}-cv{folds}")
     split = f"{cfg.data.split}-wise"
-    keys = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
     rows: list[dict[str, Any]] = []
     for k in range(folds):
         fold_cfg = apply_overrides(cfg, {"data.folds": folds, "data.fold": k})
@@ -465,7 +463,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
                 "split": task.split_name,
                 "val_ids": list(trainer.val_ds.ids),
                 "train_time_s": round(time.perf_counter() - t0, 1),
-                **{m: metrics[m] for m in keys},
+                **{m: metrics[m] for m in _HEADLINES},
             }
         )
     result: dict[str, Any] = {
@@ -474,7 +472,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
         "folds": rows,
         "config": config_to_dict(cfg),
     }
-    for m in keys:
+    for m in _HEADLINES:
         values = np.array([r[m] for r in rows])
         result[m] = {"mean": float(values.mean()), "std": float(values.std())}
     (cv_dir / "cv.json").write_text(json.dumps(result, indent=2))
@@ -485,7 +483,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
             f"({r['train_time_s'] / 60:.1f} min)"
         )
     print(f"cv dir {cv_dir}")
-    for m, label in reversed(keys.items()):
+    for m, label in reversed(_HEADLINES.items()):
         s = result[m]
         print(f"grasp acc ({split} {folds}-fold, top-1{label}): {s['mean']:.2f} ± {s['std']:.2f}")
     return result

@@ -108,16 +108,12 @@ def run_cli(main: Callable[[], Any]) -> None:
     """Run a script's main; expected failures print one line and exit non-zero."""
     try:
         main()
-    except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
     except (
         ValueError,
         FileNotFoundError,
-        ConfigError,
         NotADirectoryError,
         IsADirectoryError,
         VisionTfmError,
     ) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(3 if isinstance(e, NonFiniteLossError) else 2)
