@@ -47,9 +47,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """Write to a temp file in the same directory, fsync, then ``os.replace``.
 
     A crash or Ctrl-C mid-write leaves the previous file intact, never a truncated one. A
-    write that fails (full disk, I/O error) removes the temp file and raises a one-line
-    :class:`RunDirError`; torch reports a failed write as a ``RuntimeError`` from its zip
-    writer, which is turned into the same.
+    failed write (full disk, I/O error; torch's zip writer raises a ``RuntimeError``) removes
+    the temp file and raises a one-line :class:`RunDirError`.
     """
     path = Path(path)
     try:
@@ -62,14 +61,12 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        _unlink_quietly(tmp)
-        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
-            raise  # not an I/O failure: a bug, keep its traceback
-        raise _write_failed(path, e) from None
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
+    except BaseException as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and "write" in str(e).lower()):
+            raise _write_failed(path, e) from None
+        raise  # Ctrl-C, or not an I/O failure: a bug, keep its traceback
 
 
 def _write_failed(path: Path, e: Exception) -> RunDirError:
@@ -78,11 +75,6 @@ def _write_failed(path: Path, e: Exception) -> RunDirError:
         why = "no space left on device"
     kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing was written"
     return RunDirError(f"cannot write checkpoint {path}: {why}; {kept}")
-
-
-def _unlink_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 REQUIRED_KEYS = ("model", "config", "meta")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,7 @@ class ClassificationTask:
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         cfg = self.cfg
-        data = build_cls_datasets(cfg.data, cfg.aug)
-        self.data = data
+        self.data = data = build_cls_datasets(cfg.data, cfg.aug)
         model = build_cls_model(cfg.model, data.num_classes, data.in_chans, cfg.data.img_size)
         a = cfg.aug
         if a.mixup > 0 or a.cutmix > 0:
@@ -180,8 +179,6 @@ def restore_cls_model(
 
 def eval_data_config(cfg: ClsConfig, meta: dict[str, Any]) -> DataConfig:
     """The data config that reproduces a checkpoint's validation preprocessing."""
-    from dataclasses import replace
-
     return replace(
         cfg.data,
         img_size=meta["img_size"],

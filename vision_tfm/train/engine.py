@@ -15,10 +15,7 @@ exactly as an uninterrupted one and ends with bit-identical weights on CPU.
 Under DDP every rank handles Ctrl-C; the ranks agree at each optimizer update whether any was
 interrupted, so all stop at the same update and rank 0 writes the checkpoint.
 
-Resuming a run's newest state (its ``last.pt``) continues in its run dir; resuming an older
-one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing written is lost.
-A checkpoint outside a run dir this package created (see :mod:`.rundir`) continues in a new
-run dir under ``run.out_dir``; a run dir in use by another process is refused.
+Where a resumed run continues, so that nothing written is lost: :meth:`Trainer._prepare_run_dir`.
 """
 
 from __future__ import annotations
@@ -611,9 +608,8 @@ class Trainer:
         prev = signal.signal(signal.SIGINT, self._on_sigint)  # on every rank
         metrics: dict[str, float] = {}
         train_loader, val_loader = self._train_loader(), self._val_loader()
-        last = cfg.sched.epochs
-        if cfg.run.stop_after > 0:
-            last = min(last, s.epoch + cfg.run.stop_after)
+        stop_at = s.epoch + cfg.run.stop_after if cfg.run.stop_after else cfg.sched.epochs
+        last = min(cfg.sched.epochs, stop_at)
         try:
             while s.epoch < last:
                 epoch = s.epoch

@@ -14,6 +14,7 @@ Rules (the README's "Safety and failure behaviour" repeats them):
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from datetime import datetime
@@ -47,18 +48,16 @@ RUN_OUTPUTS = ("config.yaml", "metrics.csv", "steps.csv", "last.pt", "best.pt", 
 def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
     """``<out_dir>/<name>-<timestamp>`` with the run marker; never reuses an existing directory."""
     base = Path(out_dir) / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
-    path, n = base, 1
-    while True:
+    for n in itertools.count(1):
+        path = base.with_name(f"{base.name}-{n}") if n > 1 else base
         try:
             path.mkdir(parents=True, exist_ok=False)
-            break
         except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
+            continue
         except OSError as e:
             raise _unwritable(Path(out_dir), "run.out_dir", e) from None
-    mark_run_dir(path)
-    return path
+        mark_run_dir(path)
+        return path
 
 
 def mark_run_dir(path: Path) -> None:
