@@ -154,12 +154,8 @@ def check_meta(meta: dict[str, Any], what: str = "checkpoint") -> None:
 def check_fits(
     build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor], what: str
 ) -> None:
-    """Check that ``weights`` fit the model ``build`` makes, without allocating that model.
-
-    The model is built on the meta device (no memory) and the state-dict shapes compared, so
-    a config edited to ask for a huge model is refused in one line instead of ending in
-    ``std::bad_alloc``.
-    """
+    """Check that ``weights`` fit the model ``build`` makes, built on the meta device, so a
+    config edited to ask for a huge model is a one-line error, not ``std::bad_alloc``."""
     with torch.device("meta"):
         own = build().state_dict()
     for key in sorted(set(own) | set(weights)):

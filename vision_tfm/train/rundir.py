@@ -78,14 +78,9 @@ def _unwritable(path: Path, what: str, e: OSError) -> RunDirError:
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
-    """Prove a file can be written in ``path`` (or, while it does not exist yet, in its
-    nearest existing parent, which is where it will be created), before any work.
-
-    Nothing is left behind: the probe is an anonymous temp file and no folder is created.
-
-    Raises:
-        RunDirError: One line naming ``what`` (a flag or config key) and the folder.
-    """
+    """Prove, before any work, that a file can be written in ``path`` (or its nearest existing
+    parent, where it will be created), leaving nothing behind; else a one-line
+    :class:`RunDirError` naming ``what`` (a flag or config key) and the folder."""
     path = Path(path)
     probe = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not probe.is_dir():
@@ -105,10 +100,7 @@ def remove_stale_temps(path: Path) -> None:
 
 
 class RunLock:
-    """An exclusive, non-blocking lock on a run dir, holding the owner's PID.
-
-    Use as a context manager or call :meth:`acquire` / :meth:`release`.
-    """
+    """An exclusive, non-blocking lock on a run dir, holding its owner's PID; a context manager."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = Path(run_dir) / LOCK_FILE
