@@ -69,6 +69,10 @@ def build_cls_model(
     return model_cfg.create(**kw)
 
 
+def _build_for_meta(cfg: ClsConfig, meta: dict[str, Any]) -> nn.Module:
+    return build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"])
+
+
 class ClassificationTask:
     """Cross-entropy (or timm Mixup/CutMix soft targets) with top-1/top-5 evaluation."""
 
@@ -116,14 +120,7 @@ class ClassificationTask:
         ckpt: dict[str, Any], source: str = "checkpoint"
     ) -> tuple[Callable[[], nn.Module], ClsConfig]:
         """Rebuilds ``ckpt``'s classifier (the engine checks a resumed checkpoint with it)."""
-        return checkpoint_builder(
-            ckpt,
-            ClsConfig(),
-            lambda cfg, m: build_cls_model(
-                cfg.model, m["num_classes"], m["in_chans"], m["img_size"]
-            ),
-            source,
-        )
+        return checkpoint_builder(ckpt, ClsConfig(), _build_for_meta, source)
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, y = (t.to(device, non_blocking=True) for t in batch)
