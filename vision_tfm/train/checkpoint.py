@@ -14,33 +14,41 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+from ..config import apply_overrides
 from ..errors import CheckpointError, RunDirError
 from ..models.convert import check_finite, load_torch_file
 
 __all__ = [
     "REQUIRED_KEYS",
     "RESUME_KEYS",
+    "TASKS",
     "atomic_save",
     "build_for_weights",
     "check_fits",
     "check_meta",
+    "checkpoint_builder",
     "load_checkpoint",
+    "restore_model",
     "shipped_weights",
 ]
+
+T = TypeVar("T")
+
+TASKS = {"cls": ("classification", "train_cls.py"), "grasp": ("grasp", "train_grasp.py")}
+"""Checkpoint ``meta["task"]`` -> what to call it, and the script that trains it."""
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """Write to a temp file in the same directory, fsync, then ``os.replace``.
 
     A crash or Ctrl-C mid-write leaves the previous file intact, never a truncated one. A
-    write that fails (full disk, I/O error) removes the temp file and raises a one-line
-    :class:`RunDirError`; torch reports a failed write as a ``RuntimeError`` from its zip
-    writer, which is turned into the same.
+    failed write (full disk, I/O error; torch's zip writer raises a ``RuntimeError``) removes
+    the temp file and raises a one-line :class:`RunDirError`.
     """
     path = Path(path)
     try:
@@ -53,14 +61,12 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        _unlink_quietly(tmp)
-        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
-            raise  # not an I/O failure: a bug, keep its traceback
-        raise _write_failed(path, e) from None
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
+    except BaseException as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and "write" in str(e).lower()):
+            raise _write_failed(path, e) from None
+        raise  # Ctrl-C, or not an I/O failure: a bug, keep its traceback
 
 
 def _write_failed(path: Path, e: Exception) -> RunDirError:
@@ -69,11 +75,6 @@ def _write_failed(path: Path, e: Exception) -> RunDirError:
         why = "no space left on device"
     kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing was written"
     return RunDirError(f"cannot write checkpoint {path}: {why}; {kept}")
-
-
-def _unlink_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 REQUIRED_KEYS = ("model", "config", "meta")
@@ -153,12 +154,8 @@ def check_meta(meta: dict[str, Any], what: str = "checkpoint") -> None:
 def check_fits(
     build: Callable[[], nn.Module], weights: Mapping[str, torch.Tensor], what: str
 ) -> None:
-    """Check that ``weights`` fit the model ``build`` makes, without allocating that model.
-
-    The model is built on the meta device (no memory) and the state-dict shapes compared, so
-    a config edited to ask for a huge model is refused in one line instead of ending in
-    ``std::bad_alloc``.
-    """
+    """Check that ``weights`` fit the model ``build`` makes, built on the meta device, so a
+    config edited to ask for a huge model is a one-line error, not ``std::bad_alloc``."""
     with torch.device("meta"):
         own = build().state_dict()
     for key in sorted(set(own) | set(weights)):
@@ -180,6 +177,37 @@ def build_for_weights(
     model = build()
     model.load_state_dict(weights)
     return model
+
+
+def checkpoint_builder(
+    ckpt: dict[str, Any],
+    default: T,
+    build: Callable[[T, dict[str, Any]], nn.Module],
+    source: str = "checkpoint",
+) -> tuple[Callable[[], nn.Module], T]:
+    """What rebuilds a checkpoint's model, uncalled so that it can run on the meta device,
+    and the checkpoint's config over ``default``; ``build(cfg, meta)`` makes the model."""
+    check_meta(ckpt["meta"], source)
+    cfg = apply_overrides(default, ckpt["config"])
+    return lambda: build(cfg, ckpt["meta"]), cfg
+
+
+def restore_model(
+    ckpt: dict[str, Any],
+    task: str,
+    builder: Callable[[dict[str, Any], str], tuple[Callable[[], nn.Module], T]],
+    use_ema: bool | None = None,
+    source: str = "checkpoint",
+) -> tuple[nn.Module, T]:
+    """Rebuild a trained ``task`` model (a key of :data:`TASKS`) in eval mode, and its config.
+
+    ``builder`` is the task's :func:`checkpoint_builder`; ``use_ema``: see
+    :func:`shipped_weights`; ``source`` names the checkpoint in errors.
+    """
+    if ckpt.get("meta", {}).get("task") != task:
+        raise CheckpointError(f"checkpoint is not a {TASKS[task][0]} checkpoint")
+    build, cfg = builder(ckpt, source)
+    return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
 
 
 def shipped_weights(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ..config import ConfigError
 from ..data import AugConfig, DataConfig, build_cls_datasets
-from ..errors import CheckpointError
 from ..models.registry import get_model_entry
-from .checkpoint import build_for_weights, check_meta, shipped_weights
+from .checkpoint import checkpoint_builder, restore_model
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
@@ -28,7 +27,6 @@ __all__ = [
     "ClassificationTask",
     "ClsConfig",
     "build_cls_model",
-    "cls_model_builder",
     "eval_data_config",
     "restore_cls_model",
 ]
@@ -71,6 +69,10 @@ def build_cls_model(
     return model_cfg.create(**kw)
 
 
+def _build_for_meta(cfg: ClsConfig, meta: dict[str, Any]) -> nn.Module:
+    return build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"])
+
+
 class ClassificationTask:
     """Cross-entropy (or timm Mixup/CutMix soft targets) with top-1/top-5 evaluation."""
 
@@ -85,8 +87,7 @@ class ClassificationTask:
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         cfg = self.cfg
-        data = build_cls_datasets(cfg.data, cfg.aug)
-        self.data = data
+        self.data = data = build_cls_datasets(cfg.data, cfg.aug)
         model = build_cls_model(cfg.model, data.num_classes, data.in_chans, cfg.data.img_size)
         a = cfg.aug
         if a.mixup > 0 or a.cutmix > 0:
@@ -114,18 +115,20 @@ class ClassificationTask:
     def collate(self, batch: list) -> Any:
         return default_collate(batch)
 
-    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
-        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
-        return cls_model_builder(ckpt)[0]
+    @staticmethod
+    def model_builder(
+        ckpt: dict[str, Any], source: str = "checkpoint"
+    ) -> tuple[Callable[[], nn.Module], ClsConfig]:
+        """Rebuilds ``ckpt``'s classifier (the engine checks a resumed checkpoint with it)."""
+        return checkpoint_builder(ckpt, ClsConfig(), _build_for_meta, source)
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, y = (t.to(device, non_blocking=True) for t in batch)
         if self.mixup is not None:
             x, y_soft = self.mixup(x, y)
             return self.soft_ce(model(x), y_soft), x.shape[0]
-        return F.cross_entropy(model(x), y, label_smoothing=self.cfg.aug.label_smoothing), x.shape[
-            0
-        ]
+        smoothing = self.cfg.aug.label_smoothing
+        return F.cross_entropy(model(x), y, label_smoothing=smoothing), x.shape[0]
 
     def predict(self, model: nn.Module, loader: DataLoader, device: torch.device):
         """Logits and labels over a loader (this rank's shard)."""
@@ -167,34 +170,12 @@ class ClassificationTask:
 def restore_cls_model(
     ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, ClsConfig]:
-    """Rebuild a trained classifier from a checkpoint dict (config + weights).
-
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
-    the checkpoint in errors.
-    """
-    if ckpt.get("meta", {}).get("task") != "cls":
-        raise CheckpointError("checkpoint is not a classification checkpoint")
-    build, cfg = cls_model_builder(ckpt, source)
-    return build_for_weights(build, shipped_weights(ckpt, use_ema, source), source).eval(), cfg
-
-
-def cls_model_builder(
-    ckpt: dict[str, Any], source: str = "checkpoint"
-) -> tuple[Callable[[], nn.Module], ClsConfig]:
-    """What rebuilds a checkpoint's classifier (uncalled, so it can run on the meta device)."""
-    from ..config import apply_overrides
-
-    meta = ckpt["meta"]
-    check_meta(meta, source)
-    cfg = apply_overrides(ClsConfig(), ckpt["config"])
-    size = (meta["num_classes"], meta["in_chans"], meta["img_size"])
-    return lambda: build_cls_model(cfg.model, *size), cfg
+    """Rebuild a trained classifier (see :func:`~vision_tfm.train.checkpoint.restore_model`)."""
+    return restore_model(ckpt, "cls", ClassificationTask.model_builder, use_ema, source)
 
 
 def eval_data_config(cfg: ClsConfig, meta: dict[str, Any]) -> DataConfig:
     """The data config that reproduces a checkpoint's validation preprocessing."""
-    from dataclasses import replace
-
     return replace(
         cfg.data,
         img_size=meta["img_size"],

@@ -29,6 +29,7 @@ from ..config import (
 )
 
 __all__ = [
+    "Checked",
     "EmaConfig",
     "ModelConfig",
     "OptimConfig",
@@ -41,6 +42,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class Checked:
+    """Base of a config dataclass whose ``RANGES`` and ``CHOICES`` are checked on creation."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -82,7 +90,7 @@ class ModelConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Checked):
     """AdamW (or any timm optimiser) with decoupled weight decay.
 
     Attributes:
@@ -121,7 +129,7 @@ class OptimConfig:
     }
 
     def __post_init__(self) -> None:
-        check_ranges(self)
+        super().__post_init__()
         from timm.optim import get_optimizer_info, list_optimizers
 
         try:  # timm parses "lookahead_<name>" the same way
@@ -133,7 +141,7 @@ class OptimConfig:
 
 
 @dataclass
-class SchedConfig:
+class SchedConfig(Checked):
     """Linear warmup then cosine decay, stepped every optimiser update."""
 
     epochs: int = 10
@@ -149,12 +157,9 @@ class SchedConfig:
         "min_lr": NON_NEGATIVE,
     }
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
 
 @dataclass
-class EmaConfig:
+class EmaConfig(Checked):
     """Exponential moving average of the weights (timm ``ModelEmaV3``).
 
     When enabled, the EMA is the model a run ships (as in timm's train script): its metric
@@ -169,12 +174,9 @@ class EmaConfig:
     SECTION: ClassVar[str] = "ema"
     RANGES: ClassVar[dict[str, Range]] = {"decay": Range(0, 1)}
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
 
 @dataclass
-class RunConfig:
+class RunConfig(Checked):
     """Where and how a run executes.
 
     Attributes:
@@ -215,9 +217,6 @@ class RunConfig:
         "precision": ("fp32", "amp", "bf16", "auto"),
         "device": ("auto", "cpu", "cuda"),
     }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str, Any]) -> T:

@@ -15,10 +15,7 @@ exactly as an uninterrupted one and ends with bit-identical weights on CPU.
 Under DDP every rank handles Ctrl-C; the ranks agree at each optimizer update whether any was
 interrupted, so all stop at the same update and rank 0 writes the checkpoint.
 
-Resuming a run's newest state (its ``last.pt``) continues in its run dir; resuming an older
-one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing written is lost.
-A checkpoint outside a run dir this package created (see :mod:`.rundir`) continues in a new
-run dir under ``run.out_dir``; a run dir in use by another process is refused.
+Where a resumed run continues, so that nothing written is lost: :meth:`Trainer._prepare_run_dir`.
 """
 
 from __future__ import annotations
@@ -111,27 +108,21 @@ class Task(Protocol):
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         """Model, train and val datasets, and metadata stored in every checkpoint."""
-        ...
 
     def collate(self, batch: list) -> Any:
         """Collate samples into a batch (``default_collate`` for classification)."""
-        ...
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         """Forward a training batch; return the mean loss and the number of samples."""
-        ...
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device) -> dict:
         """Validation metrics; counts must be summed with ``all_reduce_sum`` under DDP."""
-        ...
 
     def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
         """End-of-run artefacts (plots, overlays); called on rank 0 only."""
-        ...
 
     def summary(self, metrics: dict[str, float]) -> str:
         """The last stdout line, e.g. ``val top1: 0.9712``."""
-        ...
 
 
 @dataclass
@@ -146,6 +137,12 @@ class _State:
     seen: int = 0
     time_s: float = 0.0
     world_size: int = 1  # a mid-epoch position is only valid under the same process count
+
+
+def _say(msg: str) -> None:
+    """Print on rank 0, the one process that logs."""
+    if is_main():
+        print(msg, flush=True)
 
 
 def _file_id(path: Path) -> tuple[int, int, int]:
@@ -305,10 +302,6 @@ class Trainer:
         dtype = torch.float16 if (p == "amp" and dt == "cuda") else torch.bfloat16
         return torch.autocast(device_type=dt, dtype=dtype)
 
-    def _lr(self, batch: int) -> float:
-        o = self.cfg.optim
-        return o.lr * batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
-
     def _setup(self) -> None:
         cfg = self.cfg
         if is_main() and self.resume_path is None:  # a read-only out dir fails before any work
@@ -332,9 +325,9 @@ class Trainer:
         self.ema = None
         if cfg.ema.enabled:
             self.ema = ModelEmaV3(self.model, decay=cfg.ema.decay, use_warmup=cfg.ema.warmup)
-        global_batch = self.task.batch_size * cfg.optim.accum_steps * world_size()
-        self.base_lr = self._lr(global_batch)
         o = cfg.optim
+        global_batch = self.task.batch_size * o.accum_steps * world_size()
+        self.base_lr = o.lr * global_batch / o.lr_base_batch if o.lr_base_batch > 0 else o.lr
         self.optimizer = build_optimizer(self.model, o, self.base_lr)
         # a shorter last accumulation group is stepped too
         self.steps_per_epoch = max(1, math.ceil(self._num_batches() / o.accum_steps))
@@ -360,10 +353,9 @@ class Trainer:
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = self.train_model = DistributedDataParallel(self.model, device_ids=ids)
-        if cfg.run.compile:
-            t0 = time.perf_counter()
+        if cfg.run.compile:  # lazy: it compiles in the first step, which reports the time
+            self._compile_t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
-            self._compile_t0 = t0
 
     def _check_weights(self) -> None:
         """Before anything is built: finite weights that fit the model the checkpoint's config
@@ -372,7 +364,7 @@ class Trainer:
         check_finite(self.ckpt["model"], what)
         builder = getattr(self.task, "model_builder", None)
         if builder is not None:
-            check_fits(builder(self.ckpt), self.ckpt["model"], what)
+            check_fits(builder(self.ckpt)[0], self.ckpt["model"], what)
 
     def _check_compatible(self, model: nn.Module) -> None:
         ck_name = self.ckpt["meta"].get("model_name")
@@ -407,12 +399,11 @@ class Trainer:
             self.scheduler.load_state_dict(saved)
             return
         self.scheduler.step_update(num_updates=num_updates)
-        if is_main() and not self._eval_only:  # evaluating another folder resizes the epoch
+        if not self._eval_only:  # evaluating another folder resizes the epoch
             old_total, new_total = (d["t_initial"] + d["warmup_t"] for d in (saved, new))
-            print(
+            _say(
                 f"the schedule differs from the checkpoint's ({old_total} -> {new_total} "
-                f"updates); following the new one from update {num_updates}",
-                flush=True,
+                f"updates); following the new one from update {num_updates}"
             )
 
     def _num_batches(self) -> int:
@@ -493,11 +484,7 @@ class Trainer:
         if self._interrupted:  # second Ctrl-C: give up at once
             raise KeyboardInterrupt
         self._interrupted = True
-        if is_main():
-            print(
-                "\ninterrupt: finishing this update, then writing a resumable checkpoint",
-                flush=True,
-            )
+        _say("\ninterrupt: finishing this update, then writing a resumable checkpoint")
 
     def fit(self, eval_only: bool = False) -> dict[str, float]:
         """Train (or just evaluate) and return the last validation metrics."""
@@ -506,8 +493,7 @@ class Trainer:
         try:
             if eval_only:
                 metrics = self._evaluate()
-                if is_main():
-                    print(self.task.summary(self.shipped_metrics(metrics)), flush=True)
+                _say(self.task.summary(self.shipped_metrics(metrics)))
                 return metrics
             return self._fit()
         finally:
@@ -539,10 +525,9 @@ class Trainer:
         at_best = bool(self.history) and self.history[-1].get(self.tracked) == s.best
         if at_best and not s.step_in_epoch:  # the resumed epoch is this lineage's best so far
             atomic_save(self.ckpt, new / "best.pt")
-        print(
+        _say(
             f"{self.resume_path} {why}; continuing in a new run dir {new} and leaving {old} "
-            f"as it is",
-            flush=True,
+            f"as it is"
         )
         return new
 
@@ -612,22 +597,19 @@ class Trainer:
                 logger.epoch(row)
         elif logger is not None and self.ckpt is not None:  # rows a killed run wrote past it
             logger.drop_rows_after(step=s.num_updates, epoch=s.epoch)
-        if is_main():
-            n_params = sum(p.numel() for p in self.model.parameters())
-            print(
-                f"run dir {self.run_dir} | {self.meta['model_name']} {n_params / 1e6:.2f}M params"
-                f" | {len(self.train_ds)} train / {len(self.val_ds)} val | device {self.device}"
-                f" x{world_size()} | lr {self.base_lr:.2e}",
-                flush=True,
-            )
-            if self.precision() != "fp32" and self.device.type == "cpu":  # bf16 autocast
-                warn_if_bf16_emulated("train with run.precision=fp32")
+        n_params = sum(p.numel() for p in self.model.parameters())
+        _say(
+            f"run dir {self.run_dir} | {self.meta['model_name']} {n_params / 1e6:.2f}M params"
+            f" | {len(self.train_ds)} train / {len(self.val_ds)} val | device {self.device}"
+            f" x{world_size()} | lr {self.base_lr:.2e}"
+        )
+        if is_main() and self.precision() != "fp32" and self.device.type == "cpu":  # bf16
+            warn_if_bf16_emulated("train with run.precision=fp32")
         prev = signal.signal(signal.SIGINT, self._on_sigint)  # on every rank
         metrics: dict[str, float] = {}
         train_loader, val_loader = self._train_loader(), self._val_loader()
-        last = cfg.sched.epochs
-        if cfg.run.stop_after > 0:
-            last = min(last, s.epoch + cfg.run.stop_after)
+        stop_at = s.epoch + cfg.run.stop_after if cfg.run.stop_after else cfg.sched.epochs
+        last = min(cfg.sched.epochs, stop_at)
         try:
             while s.epoch < last:
                 epoch = s.epoch
@@ -637,12 +619,8 @@ class Trainer:
                 if self._stop:
                     s.loss_sum, s.loss_count, s.time_s = loss_sum, loss_count, dt
                     self._save(best=False)
-                    if is_main():
-                        print(
-                            f"checkpoint written: {self.run_dir / 'last.pt'} "
-                            f"(resume with --resume {self.run_dir / 'last.pt'})",
-                            flush=True,
-                        )
+                    last_pt = self.run_dir / "last.pt"
+                    _say(f"checkpoint written: {last_pt} (resume with --resume {last_pt})")
                     sys.exit(130)
                 train_loss, seen = loss_sum / max(loss_count, 1), s.seen
                 metrics = self._evaluate(val_loader)
@@ -662,28 +640,24 @@ class Trainer:
                 if logger is not None:  # before the checkpoint: a resume drops rows past it
                     logger.epoch(row)
                 self._save(best=improved)
-                if logger is not None:
-                    shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-                    print(
-                        f"epoch {epoch + 1}/{cfg.sched.epochs} loss {train_loss:.4f} {shown}"
-                        f" ({dt:.1f}s, {seen / dt:.0f} img/s)",
-                        flush=True,
-                    )
+                shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+                _say(
+                    f"epoch {epoch + 1}/{cfg.sched.epochs} loss {train_loss:.4f} {shown}"
+                    f" ({dt:.1f}s, {seen / dt:.0f} img/s)"
+                )
         finally:
             if prev is not None:
                 signal.signal(signal.SIGINT, prev)
             if logger is not None:
                 logger.close()
-        if is_main():
-            if s.epoch < cfg.sched.epochs:
-                print(
-                    f"stopped after epoch {s.epoch} of {cfg.sched.epochs}; resume with "
-                    f"--resume {self.run_dir / 'last.pt'}",
-                    flush=True,
-                )
-            elif cfg.run.plots:
-                self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
-            print(self.task.summary(self.shipped_metrics(metrics or self.history[-1])), flush=True)
+        if s.epoch < cfg.sched.epochs:
+            _say(
+                f"stopped after epoch {s.epoch} of {cfg.sched.epochs}; resume with "
+                f"--resume {self.run_dir / 'last.pt'}"
+            )
+        elif is_main() and cfg.run.plots:
+            self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
+        _say(self.task.summary(self.shipped_metrics(metrics or self.history[-1])))
         return metrics
 
     def _train_epoch(
@@ -702,18 +676,16 @@ class Trainer:
         self.train_model.train()
         carried = is_main()  # rank 0 carries the sums over all ranks from a checkpoint
         sums = torch.tensor([s.loss_sum, s.loss_count] if carried else [0, 0], dtype=torch.float64)
-        bar = None
-        if is_main():
-            from tqdm import tqdm
+        from tqdm import tqdm
 
-            bar = tqdm(
-                initial=s.step_in_epoch,
-                total=nb,
-                desc=f"epoch {epoch + 1}",
-                leave=False,
-                dynamic_ncols=True,
-                disable=None,
-            )
+        bar = tqdm(  # on rank 0, and only on a terminal
+            initial=s.step_in_epoch,
+            total=nb,
+            desc=f"epoch {epoch + 1}",
+            leave=False,
+            dynamic_ncols=True,
+            disable=None if is_main() else True,
+        )
         t_start, seen_start = time.perf_counter(), s.seen
         self.optimizer.zero_grad(set_to_none=True)
         bad = ""  # this rank's first non-finite loss (any stops the run)
@@ -744,23 +716,19 @@ class Trainer:
             sums += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
             s.seen += n * world_size()
             if hasattr(self, "_compile_t0"):
-                if is_main():
-                    took = time.perf_counter() - self._compile_t0
-                    print(f"torch.compile: first step (compile included) took {took:.1f}s")
+                took = time.perf_counter() - self._compile_t0
+                _say(f"torch.compile: first step (compile included) took {took:.1f}s")
                 del self._compile_t0
             logged = sync and ((s.num_updates - 1) % cfg.run.log_interval == 0 or k + 1 == nb)
-            if bar is not None and logged:
+            if logger is not None and logged:  # rank 0
                 lr = self.optimizer.param_groups[0]["lr"]
                 ips = (s.seen - seen_start) / max(time.perf_counter() - t_start, 1e-9)
                 bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}")
-                if logger is not None:
-                    logger.step(s.num_updates, loss.item(), lr)
-            if bar is not None:
-                bar.update(1)
+                logger.step(s.num_updates, loss.item(), lr)
+            bar.update(1)
             if sync and stop:
                 break
-        if bar is not None:
-            bar.close()
+        bar.close()
         loss_sum, loss_count = all_reduce_sum(sums).tolist()
         return loss_sum, int(loss_count)
 

@@ -31,7 +31,6 @@ from ..config import (
     PROBABILITY,
     ConfigError,
     Range,
-    check_ranges,
     config_to_dict,
 )
 from ..data.grasp import (
@@ -44,7 +43,6 @@ from ..data.grasp import (
     build_grasp_datasets,
     grasp_collate,
 )
-from ..errors import CheckpointError
 from ..grasp import (
     MAP_KEYS,
     WIDTH_SCALE,
@@ -56,7 +54,16 @@ from ..grasp import (
     predict_grasps,
 )
 from ..models import get_model_entry
-from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, grasp_models
+from .checkpoint import checkpoint_builder, restore_model
+from .config import (
+    Checked,
+    EmaConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    SchedConfig,
+    grasp_models,
+)
 from .distributed import all_reduce_sum
 from .logging import plot_curves
 
@@ -67,7 +74,6 @@ __all__ = [
     "check_grasp_model",
     "cross_validate",
     "draw_grasps",
-    "grasp_model_builder",
     "predict_grasps",
     "restore_grasp_model",
 ]
@@ -77,10 +83,16 @@ IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
 _MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
 _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
+# the headline metrics, each with what its printed line adds (printed in reverse)
+_HEADLINES = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
+# data settings that GraspAugment, and build_grasp_datasets (split, view), take by name
+_AUG_KEYS = ("zoom", "translate", "color_jitter", "depth_noise")
+_SPLIT_KEYS = ("split", "train_frac", "folds", "fold", "train_crop", "repeat", "cache")
+_VIEW_KEYS = ("input", "output_size", "normalise", "width_scale")
 
 
 @dataclass
-class GraspDataConfig:
+class GraspDataConfig(Checked):
     """Grasp data, input channels, split and augmentation.
 
     Attributes:
@@ -106,10 +118,10 @@ class GraspDataConfig:
         color_jitter: RGB jitter strength (0 = off).
         depth_noise: Depth noise std in metres.
         width_scale: The one width normaliser, used for encoding and decoding.
-        repeat: Passes over the training views per epoch, each freshly augmented; Cornell's
-            56 training views make 7 steps, too few to be worth an evaluation each.
-        cache: Keep decoded view crops in memory (small datasets: Cornell's 70 views take
-            ~60 MB); augmentation still runs fresh on every item.
+        repeat: Passes over the training views per epoch, each freshly augmented, so that a
+            small dataset makes enough steps to be worth an evaluation each.
+        cache: Keep decoded view crops in memory (small datasets); augmentation still runs
+            fresh on every item.
     """
 
     dataset: str = "cornell"
@@ -162,13 +174,13 @@ class GraspDataConfig:
     }
 
     def __post_init__(self) -> None:
-        check_ranges(self)
+        super().__post_init__()
         if self.folds and not self.fold < self.folds:
             raise ConfigError(f"data.fold must be in [0, {self.folds}), got {self.fold}")
 
 
 @dataclass
-class GraspLossConfig:
+class GraspLossConfig(Checked):
     """Loss on the four maps.
 
     Attributes:
@@ -196,12 +208,9 @@ class GraspLossConfig:
         "geometry": _GEOMETRY,
     }
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
 
 @dataclass
-class GraspEvalConfig:
+class GraspEvalConfig(Checked):
     """Decoding and scoring.
 
     Attributes:
@@ -226,14 +235,8 @@ class GraspEvalConfig:
 
     def decode_kwargs(self, width_scale: float) -> dict[str, Any]:
         """Keyword arguments of :func:`~vision_tfm.grasp.decode_grasps` for this config."""
-        return {
-            "width_scale": width_scale,
-            "min_distance": self.min_distance,
-            "threshold": self.threshold,
-            "quality_sigma": self.quality_sigma,
-            "angle_sigma": self.angle_sigma,
-            "width_sigma": self.width_sigma,
-        }
+        names = ("min_distance", "threshold", "quality_sigma", "angle_sigma", "width_sigma")
+        return {"width_scale": width_scale, **{k: getattr(self, k) for k in names}}
 
     SECTION: ClassVar[str] = "eval"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -244,9 +247,6 @@ class GraspEvalConfig:
         "angle_sigma": NON_NEGATIVE,
         "width_sigma": NON_NEGATIVE,
     }
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 @dataclass
@@ -295,34 +295,14 @@ class GraspTask:
         self._gt: tuple[DataLoader, DataLoader] | None = None  # (val loader, its GG-CNN twin)
 
     def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
-        d = self.cfg.data
+        d, seed = self.cfg.data, self.cfg.run.seed
         aug: GraspAugment | bool = False
         if d.augment:
-            aug = GraspAugment(
-                rotate=(-d.rotate, d.rotate),
-                zoom=d.zoom,
-                translate=d.translate,
-                color_jitter=d.color_jitter,
-                depth_noise=d.depth_noise,
-                seed=self.cfg.run.seed,
-            )
+            aug_kw = {k: getattr(d, k) for k in _AUG_KEYS}
+            aug = GraspAugment(rotate=(-d.rotate, d.rotate), seed=seed, **aug_kw)
+        data_kw = {k: getattr(d, k) for k in _SPLIT_KEYS + _VIEW_KEYS}
         train, val, self.split_name = build_grasp_datasets(
-            d.dataset,
-            d.root,
-            split=d.split,
-            train_frac=d.train_frac,
-            seed=self.cfg.run.seed,
-            folds=d.folds,
-            fold=d.fold,
-            augment=aug,
-            train_crop=d.train_crop,
-            input=d.input,
-            output_size=d.output_size,
-            crop_size=d.crop_size or None,
-            normalise=d.normalise,
-            width_scale=d.width_scale,
-            repeat=d.repeat,
-            cache=d.cache,
+            d.dataset, d.root, seed=seed, augment=aug, crop_size=d.crop_size or None, **data_kw
         )
         self.val_gt = val.recropped("grasps")
         model = build_grasp_model(self.cfg)
@@ -342,9 +322,14 @@ class GraspTask:
     def collate(self, batch: list) -> Any:
         return grasp_collate(batch)
 
-    def model_builder(self, ckpt: dict[str, Any]) -> Callable[[], nn.Module]:
-        """Rebuilds ``ckpt``'s model (the engine checks a resumed checkpoint on meta with it)."""
-        return grasp_model_builder(ckpt)[0]
+    @staticmethod
+    def model_builder(
+        ckpt: dict[str, Any], source: str = "checkpoint"
+    ) -> tuple[Callable[[], nn.Module], GraspConfig]:
+        """Rebuilds ``ckpt``'s grasp model (the engine checks a resumed checkpoint with it)."""
+        return checkpoint_builder(
+            ckpt, GraspConfig(), lambda cfg, _: build_grasp_model(cfg), source
+        )
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
         x, maps, _ = batch
@@ -424,14 +409,11 @@ class GraspTask:
     def summary(self, metrics: dict[str, float]) -> str:
         """Two lines: the GG-CNN ground-truth-centred figure, then the headline (centre crop)."""
         split = f"{self.cfg.data.split}-wise"
-        lines = []
-        if "grasp_acc_gt_crop" in metrics:
-            lines.append(
-                f"grasp acc ({split}, top-1, GG-CNN ground-truth-centred crop): "
-                f"{metrics['grasp_acc_gt_crop']:.2f}"
-            )
-        lines.append(f"grasp acc ({split}, top-1): {metrics['grasp_acc']:.2f}")
-        return "\n".join(lines)
+        return "\n".join(
+            f"grasp acc ({split}, top-1{label}): {metrics[m]:.2f}"
+            for m, label in reversed(_HEADLINES.items())
+            if m in metrics
+        )
 
 
 def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -> np.ndarray:
@@ -447,30 +429,8 @@ def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -
 def restore_grasp_model(
     ckpt: dict[str, Any], use_ema: bool | None = None, source: str = "checkpoint"
 ) -> tuple[nn.Module, GraspConfig]:
-    """Rebuild a trained grasp model from a checkpoint dict.
-
-    ``use_ema``: see :func:`~vision_tfm.train.checkpoint.shipped_weights`; ``source`` names
-    the checkpoint in errors.
-    """
-    from .checkpoint import build_for_weights, shipped_weights
-
-    if ckpt.get("meta", {}).get("task") != "grasp":
-        raise CheckpointError("checkpoint is not a grasp checkpoint")
-    build, cfg = grasp_model_builder(ckpt, source)
-    model = build_for_weights(build, shipped_weights(ckpt, use_ema, source), source)
-    return model.eval(), cfg
-
-
-def grasp_model_builder(
-    ckpt: dict[str, Any], source: str = "checkpoint"
-) -> tuple[Callable[[], nn.Module], GraspConfig]:
-    """What rebuilds a checkpoint's grasp model (uncalled, so it can run on the meta device)."""
-    from ..config import apply_overrides
-    from .checkpoint import check_meta
-
-    check_meta(ckpt["meta"], source)
-    cfg = apply_overrides(GraspConfig(), ckpt["config"])
-    return lambda: build_grasp_model(cfg), cfg
+    """Rebuild a trained grasp model (see :func:`~vision_tfm.train.checkpoint.restore_model`)."""
+    return restore_model(ckpt, "grasp", GraspTask.model_builder, use_ema, source)
 
 
 def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
@@ -490,7 +450,6 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
         raise ConfigError(f"--folds must be >= 2, got {folds}")
     cv_dir = make_run_dir(cfg.run.out_dir, f"{cfg.model.name}-cv{folds}")
     split = f"{cfg.data.split}-wise"
-    keys = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
     rows: list[dict[str, Any]] = []
     for k in range(folds):
         fold_cfg = apply_overrides(cfg, {"data.folds": folds, "data.fold": k})
@@ -504,7 +463,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
                 "split": task.split_name,
                 "val_ids": list(trainer.val_ds.ids),
                 "train_time_s": round(time.perf_counter() - t0, 1),
-                **{m: metrics[m] for m in keys},
+                **{m: metrics[m] for m in _HEADLINES},
             }
         )
     result: dict[str, Any] = {
@@ -513,7 +472,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
         "folds": rows,
         "config": config_to_dict(cfg),
     }
-    for m in keys:
+    for m in _HEADLINES:
         values = np.array([r[m] for r in rows])
         result[m] = {"mean": float(values.mean()), "std": float(values.std())}
     (cv_dir / "cv.json").write_text(json.dumps(result, indent=2))
@@ -524,7 +483,7 @@ def cross_validate(cfg: GraspConfig, folds: int) -> dict[str, Any]:
             f"({r['train_time_s'] / 60:.1f} min)"
         )
     print(f"cv dir {cv_dir}")
-    for m, label in reversed(keys.items()):
+    for m, label in reversed(_HEADLINES.items()):
         s = result[m]
         print(f"grasp acc ({split} {folds}-fold, top-1{label}): {s['mean']:.2f} ± {s['std']:.2f}")
     return result

@@ -10,16 +10,13 @@ from typing import Any, TypeVar
 
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
 from ..errors import VisionTfmError
-from .checkpoint import load_checkpoint
+from .checkpoint import TASKS, load_checkpoint
+from .config import load_config
 from .engine import NonFiniteLossError
 
 __all__ = ["TASKS", "base_parser", "resolve_config", "run_cli"]
 
 T = TypeVar("T")
-
-
-# task (checkpoint meta) -> what to call it, and the script that trains it
-TASKS = {"cls": ("classification", "train_cls.py"), "grasp": ("grasp", "train_grasp.py")}
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
@@ -52,8 +49,6 @@ def resolve_config(
     any other name is taken as a registered model. ``task`` (a key of ``TASKS``) is what
     the calling script trains; a checkpoint of another task is refused.
     """
-    from .config import load_config
-
     if args.eval_only and not args.resume:
         raise ValueError("--eval-only needs --resume CHECKPOINT (it would score random weights)")
     if args.resume and args.config:
@@ -97,7 +92,6 @@ def resolve_config(
         if args.model and "model.name" not in over:  # a recipe alias: check it names this model
             import yaml
 
-            recipe = config_dir / f"{args.model}{recipe_suffix}.yaml"
             name = (yaml.safe_load(recipe.read_text()) or {}).get("model", {}).get("name")
             if name and name != base.model.name:
                 raise ValueError(
@@ -112,16 +106,12 @@ def run_cli(main: Callable[[], Any]) -> None:
     """Run a script's main; expected failures print one line and exit non-zero."""
     try:
         main()
-    except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
     except (
         ValueError,
         FileNotFoundError,
-        ConfigError,
         NotADirectoryError,
         IsADirectoryError,
         VisionTfmError,
     ) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(3 if isinstance(e, NonFiniteLossError) else 2)

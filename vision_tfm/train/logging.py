@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 from collections.abc import Sequence
@@ -20,12 +21,10 @@ class MetricLogger:
         self.csv_path = run_dir / "metrics.csv"
         self.steps_path = run_dir / "steps.csv"
         self.tb = None
-        if tensorboard:
-            try:
+        if tensorboard:  # a dependency, but keep training if its import breaks
+            with contextlib.suppress(ImportError):
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is a dependency, but keep training if it breaks
-                SummaryWriter = None
-            if SummaryWriter is not None:
+
                 self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
 
     def scalar(self, tag: str, value: float, step: int) -> None:

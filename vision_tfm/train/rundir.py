@@ -14,6 +14,7 @@ Rules (the README's "Safety and failure behaviour" repeats them):
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from datetime import datetime
@@ -47,18 +48,16 @@ RUN_OUTPUTS = ("config.yaml", "metrics.csv", "steps.csv", "last.pt", "best.pt", 
 def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
     """``<out_dir>/<name>-<timestamp>`` with the run marker; never reuses an existing directory."""
     base = Path(out_dir) / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
-    path, n = base, 1
-    while True:
+    for n in itertools.count(1):
+        path = base.with_name(f"{base.name}-{n}") if n > 1 else base
         try:
             path.mkdir(parents=True, exist_ok=False)
-            break
         except FileExistsError:
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
+            continue
         except OSError as e:
             raise _unwritable(Path(out_dir), "run.out_dir", e) from None
-    mark_run_dir(path)
-    return path
+        mark_run_dir(path)
+        return path
 
 
 def mark_run_dir(path: Path) -> None:
@@ -79,14 +78,9 @@ def _unwritable(path: Path, what: str, e: OSError) -> RunDirError:
 
 
 def check_writable_dir(path: str | os.PathLike, what: str) -> None:
-    """Prove a file can be written in ``path`` (or, while it does not exist yet, in its
-    nearest existing parent, which is where it will be created), before any work.
-
-    Nothing is left behind: the probe is an anonymous temp file and no folder is created.
-
-    Raises:
-        RunDirError: One line naming ``what`` (a flag or config key) and the folder.
-    """
+    """Prove, before any work, that a file can be written in ``path`` (or its nearest existing
+    parent, where it will be created), leaving nothing behind; else a one-line
+    :class:`RunDirError` naming ``what`` (a flag or config key) and the folder."""
     path = Path(path)
     probe = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not probe.is_dir():
@@ -106,10 +100,7 @@ def remove_stale_temps(path: Path) -> None:
 
 
 class RunLock:
-    """An exclusive, non-blocking lock on a run dir, holding the owner's PID.
-
-    Use as a context manager or call :meth:`acquire` / :meth:`release`.
-    """
+    """An exclusive, non-blocking lock on a run dir, holding its owner's PID; a context manager."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = Path(run_dir) / LOCK_FILE
