@@ -22,6 +22,7 @@ import yaml
 from .errors import VisionTfmError
 
 __all__ = [
+    "Checked",
     "ConfigError",
     "Range",
     "apply_overrides",
@@ -109,6 +110,13 @@ def check_ranges(cfg: Any, ranges: Mapping[str, Range] | None = None) -> None:
             raise ConfigError(
                 f"{section}{name} must be (low, high) with low <= high, got {_show((lo, hi))}"
             )
+
+
+class Checked:
+    """Base of a config dataclass whose ``RANGES`` and ``CHOICES`` are checked on creation."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Range, check_ranges
+from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Checked, Range
 
 DATASET_NAMES = ("mnist", "imagefolder", "cifar10")
 AUG_KINDS = ("affine", "rrc", "none")
@@ -28,7 +28,7 @@ _NATIVE_CHANS = {"mnist": 1, "cifar10": 3, "imagefolder": 3}
 
 
 @dataclass
-class AugConfig:
+class AugConfig(Checked):
     """Training augmentation; evaluation never augments.
 
     Attributes:
@@ -85,12 +85,9 @@ class AugConfig:
     ORDERED: ClassVar[tuple[str, ...]] = ("scale", "crop_scale", "crop_ratio")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kind": AUG_KINDS}
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
 
 @dataclass
-class DataConfig:
+class DataConfig(Checked):
     """Which data to read and how to shape it for the model.
 
     Attributes:
@@ -129,9 +126,6 @@ class DataConfig:
         "train_subset": NON_NEGATIVE,
     }
     CHOICES: ClassVar[dict[str, tuple]] = {"name": DATASET_NAMES, "in_chans": (0, 1, 3)}
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 def resolve_in_chans(cfg: DataConfig) -> int:

@@ -52,8 +52,6 @@ from .openvino import openvino_runner, openvino_version
 from .quantize import calibration_images, quantize_int8
 from .source import ExportSource, Runner, load_source, max_abs_diff, model_source
 
-__all__ = ["FORMATS", "BenchOptions", "Row", "benchmark_checkpoint", "time_runs", "write_tables"]
-
 FORMATS = (
     "torch",
     "torch-bf16",

@@ -18,8 +18,6 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-__all__ = ["count_flops", "cpu_description", "matmul_ceiling", "torch_threads"]
-
 
 def _cpu_sdpa_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
     """The CPU SDPA kernel, counted by torch's formula for its CUDA twins."""

@@ -19,8 +19,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["peak_rss_mb"]
-
 CALLS = 3  # forward passes before the peak is read: the first allocates, the rest reuse
 
 

@@ -29,27 +29,6 @@ from torch import nn
 from ..layers.attention import Attention
 from .source import INPUT_NAME, ExportSource, Runner, max_abs_diff
 
-__all__ = [
-    "ATTENTION_OPSET",
-    "DEFAULT_OPSET",
-    "ORT_SESSION_CONFIG",
-    "ParityCheck",
-    "ParityError",
-    "ParityReport",
-    "check_opset",
-    "check_parity",
-    "export_attention",
-    "export_onnx",
-    "model_files",
-    "one_line",
-    "ort_runner",
-    "ort_session",
-    "parity_inputs",
-    "parse_dynamic",
-    "size_mb",
-    "staging_dir",
-]
-
 DEFAULT_OPSET = 18
 ATTENTION_OPSET = 23  # SDPA -> the ONNX Attention op from here on
 MAX_OPSET = 25  # the newest opset onnxruntime 1.32 runs

@@ -15,8 +15,6 @@ import torch
 
 from .source import Runner
 
-__all__ = ["OV_PRECISIONS", "openvino_runner", "openvino_version"]
-
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our name -> OpenVINO's hint value
 _OUR_NAME = {v: k for k, v in OV_PRECISIONS.items()}
 

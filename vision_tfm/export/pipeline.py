@@ -35,8 +35,6 @@ from .onnx import (
 from .quantize import INT8_MODES, calibration_images, quantize_int8
 from .source import ExportSource, load_source
 
-__all__ = ["ExportOptions", "export_checkpoint", "export_files", "int8_path", "refuse_existing"]
-
 
 @dataclass
 class ExportOptions:

@@ -30,13 +30,6 @@ from onnxruntime.quantization import (
 
 from .source import INPUT_NAME, ExportSource
 
-__all__ = [
-    "INT8_MODES",
-    "TensorCalibrationReader",
-    "calibration_images",
-    "quantize_int8",
-]
-
 INT8_MODES = ("dynamic", "static")
 DYNAMIC_OPS = ("MatMul",)
 STATIC_OPS = ("MatMul", "Gemm", "Conv")

@@ -24,18 +24,6 @@ from ..models import get_model_entry
 from ..train.checkpoint import check_meta, load_checkpoint
 from ..train.config import config_hash
 
-__all__ = [
-    "INPUT_NAME",
-    "Evaluation",
-    "ExportSource",
-    "ImageList",
-    "Runner",
-    "list_images",
-    "load_source",
-    "max_abs_diff",
-    "model_source",
-]
-
 INPUT_NAME = "image"
 
 Runner = Callable[[torch.Tensor], Sequence[torch.Tensor]]
@@ -344,10 +332,11 @@ def model_source(
     """
     from ..config import apply_overrides
     from ..data.config import IMAGENET_MEAN, IMAGENET_STD
+    from ..data.grasp import IN_CHANS
     from ..models.convert import load_pretrained
     from ..train.classification import ClsConfig, build_cls_model
     from ..train.config import grasp_models
-    from ..train.grasp import IN_CHANS, GraspConfig, build_grasp_model
+    from ..train.grasp import GraspConfig, build_grasp_model
 
     entry = get_model_entry(name)
     grasp = name in grasp_models()

@@ -14,9 +14,9 @@ from .attention import (
     fast_weight_attention,
     fused_attn,
     linear_attention,
-    merge_bias_and_mask,
     set_fused_attn,
 )
+from .attention_dispatch import merge_bias_and_mask
 from .block import (
     NORM_PLACEMENTS,
     Block,

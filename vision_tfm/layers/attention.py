@@ -31,25 +31,10 @@ from torch import nn
 from ..errors import InputError
 from .attention_dispatch import (
     LOW_PRECISION,
-    merge_bias_and_mask,
     softmax_attention,
 )
 from .norm import LayerNorm
 from .pos_embed import Rope, apply_rope
-
-__all__ = [
-    "ATTN_TYPES",
-    "FEATURE_MAPS",
-    "Attention",
-    "FeatureMap",
-    "fast_weight_attention",
-    "fused_attn",
-    "linear_attention",
-    "merge_bias_and_mask",
-    "mix_heads",
-    "orthogonal_gaussian",
-    "set_fused_attn",
-]
 
 ATTN_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu1", "relu", "favor")

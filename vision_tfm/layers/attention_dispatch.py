@@ -33,20 +33,6 @@ import torch.nn.functional as F
 
 from ..errors import InputError
 
-__all__ = [
-    "AttentionPlan",
-    "attention_plan",
-    "bf16_matmul_slowdown",
-    "cpu_capability",
-    "cpu_native_bf16",
-    "emulated_bf16_note",
-    "explicit_attention",
-    "merge_bias_and_mask",
-    "sdpa_attention",
-    "softmax_attention",
-    "warn_if_bf16_emulated",
-]
-
 log = logging.getLogger("vision_tfm")
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)

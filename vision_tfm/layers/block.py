@@ -25,18 +25,6 @@ from .mlp import Mlp
 from .norm import LayerNorm
 from .pos_embed import Rope
 
-__all__ = [
-    "NORM_PLACEMENTS",
-    "Block",
-    "NormPlacement",
-    "PostNorm",
-    "PreNorm",
-    "ResiDual",
-    "block_stack",
-    "checkpointed",
-    "run_blocks",
-]
-
 Stream = Any
 """What passes from block to block: the tokens, or ResiDual's ``(tokens, dual)`` pair."""
 

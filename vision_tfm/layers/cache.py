@@ -13,8 +13,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["TensorCache"]
-
 
 def tracing() -> bool:
     """Whether a graph is being captured (torch.compile, torch.export, the TorchScript tracer).

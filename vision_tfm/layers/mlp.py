@@ -7,8 +7,6 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import nn
 
-__all__ = ["Mlp", "SwiGLU", "get_mlp_layer"]
-
 
 class SwiGLU(nn.Module):
     """SiLU-gated linear unit (Shazeer 2020).

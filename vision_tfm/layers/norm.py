@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LayerNorm", "LayerNorm2d", "RMSNorm", "get_norm_layer"]
-
 
 class LayerNorm(nn.LayerNorm):
     """LayerNorm over the last dim; eps is explicit because ViT (1e-6) and Swin (1e-5) differ."""

@@ -8,9 +8,6 @@ from torch import nn
 from ..errors import InputError
 from .sizes import pad_to_multiple
 
-__all__ = ["PatchEmbed", "check_image"]
-
-
 torch.fx.wrap("pad_to_multiple")  # fx: it branches on the input size
 
 

@@ -12,16 +12,6 @@ import torch.nn.functional as F
 from .cache import TensorCache
 from .sizes import symbolic
 
-__all__ = [
-    "Rope",
-    "apply_rope",
-    "relative_position_bias",
-    "relative_position_index",
-    "resample_abs_pos_embed",
-    "rope_2d",
-    "sincos_2d",
-]
-
 _TABLES = TensorCache(max_entries=32)
 """Fixed tables per (kind, grid, width, dtype, device): rebuilding one in float64 on the CPU
 and copying it over every forward pass is what a model at a fixed size should not pay. A

@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["pad_to_multiple", "symbolic"]
-
 
 def symbolic(*sizes: int) -> bool:
     """Whether any size is symbolic (a dynamic-shape ``torch.export`` trace).

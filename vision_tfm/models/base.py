@@ -15,8 +15,6 @@ from torch import nn
 from ..config import ConfigError
 from ..errors import InputError
 
-__all__ = ["VisionModel", "check_output_fmt"]
-
 
 def check_output_fmt(output_fmt: str, allowed: tuple[str, ...], owner: str) -> None:
     """One-line error for a layout the family cannot give."""

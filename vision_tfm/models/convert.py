@@ -20,16 +20,6 @@ from torch import nn
 from ..errors import CheckpointError
 from ..layers import resample_abs_pos_embed
 
-__all__ = [
-    "check_checkpoint_path",
-    "check_finite",
-    "convert_state_dict",
-    "detect_source",
-    "load_pretrained",
-    "load_torch_file",
-    "read_state_dict",
-]
-
 StateDict = dict[str, torch.Tensor]
 _WRAPPERS = ("state_dict_ema", "model_ema", "state_dict", "model")
 _BUFFERS = re.compile(r"(relative_position_index|attn_mask|relative_coords_table)$")

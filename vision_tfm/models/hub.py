@@ -17,8 +17,6 @@ from torch import nn
 
 from .convert import convert_state_dict, load_pretrained, read_state_dict
 
-__all__ = ["load_weights", "resolve_pretrained_cfg", "weights_source"]
-
 _DATA_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation", "hf_hub_id", "tag")
 _CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 Weights = bool | str | os.PathLike | Mapping | None

@@ -44,15 +44,6 @@ from ._common import (
 from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
-__all__ = [
-    "GraspHybrid",
-    "GraspHybridConfig",
-    "HybridClassifier",
-    "HybridConfig",
-    "HybridTrunk",
-    "HybridTrunkConfig",
-]
-
 POS_EMBEDS = ("sincos", "rope", "none")
 # fx leaf functions: they branch on the input size, which torch.fx.symbolic_trace does not know
 for _fn in ("pad_to_multiple", "rope_2d", "sincos_2d"):

@@ -13,8 +13,6 @@ from torch import nn
 
 from ..config import ConfigError, apply_overrides
 
-__all__ = ["create_model", "get_model_entry", "list_models", "register_model"]
-
 
 @dataclass(frozen=True)
 class ModelEntry:

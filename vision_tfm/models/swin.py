@@ -40,8 +40,6 @@ from ._common import block_kwargs, check_model_config, init_weights, select_indi
 from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
-__all__ = ["SwinConfig", "SwinTransformer", "window_partition", "window_reverse"]
-
 MASK_VALUE = -100.0  # the official repo's value for cross-region logits
 
 

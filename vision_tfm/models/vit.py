@@ -40,8 +40,6 @@ from ._common import (
 from .base import VisionModel, check_output_fmt
 from .registry import register_model
 
-__all__ = ["ViTConfig", "VisionTransformer"]
-
 # fx leaf functions: they branch on the token grid, which torch.fx.symbolic_trace does not know
 for _fn in ("resample_abs_pos_embed", "rope_2d", "sincos_2d"):
     torch.fx.wrap(_fn)

@@ -23,20 +23,6 @@ from ..config import apply_overrides
 from ..errors import CheckpointError, RunDirError
 from ..models.convert import check_finite, load_torch_file
 
-__all__ = [
-    "REQUIRED_KEYS",
-    "RESUME_KEYS",
-    "TASKS",
-    "atomic_save",
-    "build_for_weights",
-    "check_fits",
-    "check_meta",
-    "checkpoint_builder",
-    "load_checkpoint",
-    "restore_model",
-    "shipped_weights",
-]
-
 T = TypeVar("T")
 
 TASKS = {"cls": ("classification", "train_cls.py"), "grasp": ("grasp", "train_grasp.py")}

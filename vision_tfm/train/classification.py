@@ -23,14 +23,6 @@ from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
 from .distributed import all_reduce_sum
 from .logging import plot_confusion, plot_curves
 
-__all__ = [
-    "ClassificationTask",
-    "ClsConfig",
-    "build_cls_model",
-    "eval_data_config",
-    "restore_cls_model",
-]
-
 
 @dataclass
 class ClsConfig:

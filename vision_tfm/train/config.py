@@ -21,34 +21,14 @@ from ..config import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     POSITIVE,
+    Checked,
     ConfigError,
     Range,
     apply_overrides,
-    check_ranges,
     config_to_dict,
 )
 
-__all__ = [
-    "Checked",
-    "EmaConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "RunConfig",
-    "SchedConfig",
-    "config_hash",
-    "grasp_models",
-    "load_config",
-    "save_config",
-]
-
 T = TypeVar("T")
-
-
-class Checked:
-    """Base of a config dataclass whose ``RANGES`` and ``CHOICES`` are checked on creation."""
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
 
 
 @dataclass

@@ -7,8 +7,6 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_sum", "cleanup", "init_distributed", "is_main", "world_size"]
-
 
 def init_distributed(device: torch.device) -> bool:
     """Join the process group when launched by torchrun; returns whether we are distributed."""

@@ -60,15 +60,6 @@ from .rundir import (
     remove_stale_temps,
 )
 
-__all__ = [
-    "NonFiniteLossError",
-    "Task",
-    "Trainer",
-    "TrainerConfig",
-    "build_optimizer",
-    "make_run_dir",
-]
-
 
 class NonFiniteLossError(VisionTfmError, RuntimeError):
     """The loss became NaN or inf; the last good checkpoint is kept."""

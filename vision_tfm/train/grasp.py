@@ -35,13 +35,14 @@ from ..config import (
 )
 from ..data.grasp import (
     CROP_MODES,
+    IN_CHANS,
     NORMALISE_MODES,
     RGB_MEAN,
     RGB_STD,
     GraspAugment,
     GraspDataset,
-    build_grasp_datasets,
     grasp_collate,
+    grasp_datasets_from_config,
 )
 from ..grasp import (
     MAP_KEYS,
@@ -51,7 +52,6 @@ from ..grasp import (
     decode_grasps,
     draw_grasps,
     grasp_maps,
-    predict_grasps,
 )
 from ..models import get_model_entry
 from .checkpoint import checkpoint_builder, restore_model
@@ -67,28 +67,13 @@ from .config import (
 from .distributed import all_reduce_sum
 from .logging import plot_curves
 
-__all__ = [
-    "GraspConfig",
-    "GraspDataConfig",
-    "GraspTask",
-    "check_grasp_model",
-    "cross_validate",
-    "draw_grasps",
-    "predict_grasps",
-    "restore_grasp_model",
-]
-
-
-IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}
 _MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
 _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
 # the headline metrics, each with what its printed line adds (printed in reverse)
 _HEADLINES = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
-# data settings that GraspAugment, and build_grasp_datasets (split, view), take by name
+# data settings that GraspAugment takes by name
 _AUG_KEYS = ("zoom", "translate", "color_jitter", "depth_noise")
-_SPLIT_KEYS = ("split", "train_frac", "folds", "fold", "train_crop", "repeat", "cache")
-_VIEW_KEYS = ("input", "output_size", "normalise", "width_scale")
 
 
 @dataclass
@@ -300,9 +285,8 @@ class GraspTask:
         if d.augment:
             aug_kw = {k: getattr(d, k) for k in _AUG_KEYS}
             aug = GraspAugment(rotate=(-d.rotate, d.rotate), seed=seed, **aug_kw)
-        data_kw = {k: getattr(d, k) for k in _SPLIT_KEYS + _VIEW_KEYS}
-        train, val, self.split_name = build_grasp_datasets(
-            d.dataset, d.root, seed=seed, augment=aug, crop_size=d.crop_size or None, **data_kw
+        train, val, self.split_name = grasp_datasets_from_config(
+            d, seed, augment=aug, train_crop=d.train_crop, repeat=d.repeat, cache=d.cache
         )
         self.val_gt = val.recropped("grasps")
         model = build_grasp_model(self.cfg)

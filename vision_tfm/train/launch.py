@@ -14,8 +14,6 @@ from .checkpoint import TASKS, load_checkpoint
 from .config import load_config
 from .engine import NonFiniteLossError
 
-__all__ = ["TASKS", "base_parser", "resolve_config", "run_cli"]
-
 T = TypeVar("T")
 
 

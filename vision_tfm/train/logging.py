@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MetricLogger", "plot_confusion", "plot_curves"]
-
 
 class MetricLogger:
     """Append one row per epoch to ``metrics.csv``; mirror scalars to TensorBoard."""

@@ -27,17 +27,6 @@ try:
 except ImportError:  # Windows: no flock, so no lock (the PID is still written)
     fcntl = None
 
-__all__ = [
-    "LOCK_FILE",
-    "RUN_MARKER",
-    "RUN_OUTPUTS",
-    "RunLock",
-    "check_writable_dir",
-    "is_own_run_dir",
-    "make_run_dir",
-    "remove_stale_temps",
-]
-
 RUN_MARKER = ".vision_tfm_run"
 """Written into every run dir the package creates; resume continues in place only beside it."""
 LOCK_FILE = ".lock"

@@ -21,6 +21,7 @@ from .annotations import (
 )
 from .dataset import (
     CROP_MODES,
+    IN_CHANS,
     CornellGrasp,
     GraspDataset,
     JacquardGrasp,
@@ -50,6 +51,7 @@ from .images import (
 __all__ = [
     "CROP_MODES",
     "DEPTH_CLIP",
+    "IN_CHANS",
     "MAX_COORD",
     "NORMALISE_MODES",
     "RGB_MEAN",

@@ -41,6 +41,7 @@ from .images import (
 )
 
 InputMode = Literal["rgb", "depth", "rgbd"]
+IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}  # input tensor channels per mode (depth last)
 CropMode = Literal["centre", "grasps"]
 CROP_MODES = ("centre", "grasps")
 
@@ -126,7 +127,7 @@ class GraspDataset(Dataset):
     @property
     def in_chans(self) -> int:
         """Channels of the input tensor."""
-        return {"rgb": 3, "depth": 1, "rgbd": 4}[self.input]
+        return IN_CHANS[self.input]
 
     def __len__(self) -> int:
         return len(self.views) * self.repeat
