@@ -247,21 +247,21 @@ class GraspConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     run: RunConfig = field(default_factory=lambda: RunConfig(out_dir="runs/grasp"))
 
-
-def check_grasp_model(name: str) -> None:
-    """Refuse a classifier up front; its logits would fail in the loss as an IndexError."""
-    get_model_entry(name)  # an unknown name gets the registry's own error
-    grasp = grasp_models()
-    if name not in grasp:
-        raise ConfigError(
-            f"model.name={name!r} is a classification model, not a grasp model; "
-            f"use one of {', '.join(grasp)} (or train it with train_cls.py)"
-        )
+    def __post_init__(self) -> None:
+        """Refuse a classifier where the config enters (training and restore both build one):
+        its logits would fail in the loss as an IndexError."""
+        name = self.model.name
+        get_model_entry(name)  # an unknown name gets the registry's own error
+        grasp = grasp_models()
+        if name not in grasp:
+            raise ConfigError(
+                f"model.name={name!r} is a classification model, not a grasp model; "
+                f"use one of {', '.join(grasp)} (or train it with train_cls.py)"
+            )
 
 
 def build_grasp_model(cfg: GraspConfig) -> nn.Module:
     """The registered grasp model with channels from the configured input."""
-    check_grasp_model(cfg.model.name)
     return cfg.model.create(in_chans=IN_CHANS[cfg.data.input])
 
 
@@ -271,7 +271,6 @@ class GraspTask:
     metric = "grasp_acc"
 
     def __init__(self, cfg: GraspConfig) -> None:
-        check_grasp_model(cfg.model.name)
         self.cfg = cfg
         self.batch_size = cfg.data.batch_size
         self.num_workers = cfg.data.num_workers
