@@ -27,7 +27,7 @@ import onnxruntime as ort
 from PIL import Image
 
 CONTRACT = "vision_tfm.cls.preprocess/1"  # the preprocessing this client implements
-GRASP_CONTRACT = "vision_tfm.grasp.preprocess/1"
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/2"
 NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx]  # raster order
 
 
@@ -163,8 +163,7 @@ def grasp_input(rgb_path: str, depth_path: str | None, meta: dict) -> tuple[np.n
     pre = meta["preprocess"]
     check_contract(pre, GRASP_CONTRACT)
     S = pre["resize"]["size"][0]
-    with Image.open(rgb_path) as im:
-        rgb = np.asarray(im.convert("RGB"))
+    rgb = decode(rgb_path, "RGB")
     H, W = rgb.shape[:2]
     side = min(pre["crop"]["size"] or min(H, W), H, W)
     x0, y0 = (W - side) // 2, (H - side) // 2

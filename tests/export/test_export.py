@@ -241,7 +241,7 @@ def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:
     assert meta["task"] == "grasp" and meta["parity"]["ok"] and meta["in_chans"] == 4
     assert meta["preprocess"]["channels"] == ["R", "G", "B", "D"]
     pre, post = meta["preprocess"], meta["postprocess"]
-    assert pre["contract"] == "vision_tfm.grasp.preprocess/1" and pre["resize"]["size"] == [32, 32]
+    assert pre["contract"] == "vision_tfm.grasp.preprocess/2" and pre["resize"]["size"] == [32, 32]
     assert "8 neighbours" in pre["depth"]["holes"] and post["filter"]["sigma"]["quality"] == 2.0
 
 
@@ -842,8 +842,8 @@ def test_grasp_fp32_exports_match_pytorch_at_three_sizes(trained_grasp, tmp_path
 def test_onnx_client_finds_vtfm_grasps_top_grasps(
     trained_grasp, normalise: str, tmp_path: Path, capsys
 ) -> None:
-    """examples/onnx_client.py decodes an RGB-D pair from model.json alone, holes included,
-    with either input normalisation."""
+    """examples/onnx_client.py decodes an RGB-D pair from model.json alone, holes and a 16-bit
+    RGB view included, with either input normalisation."""
     from PIL import Image
 
     from vision_tfm.data.grasp import load_depth
@@ -862,22 +862,25 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
     holed = load_depth(depth).copy()  # the centre crop spans x 170..469, y 90..389
     holed[150:200, 250:330], holed[300:304, 400:420], holed[90:93, 170:470] = 0, np.nan, 0
     Image.fromarray(holed).save(tmp_path / "holed.tiff")
+    gray16 = np.asarray(Image.open(rgb).convert("L"), dtype=np.uint16) * 257  # 16-bit view
+    Image.fromarray(gray16).save(tmp_path / "gray16.png")
     client = Path(__file__).resolve().parents[2] / "examples" / "onnx_client.py"
     capsys.readouterr()
-    for dep in (depth, tmp_path / "holed.tiff"):
-        cmd = [sys.executable, str(client), str(model), str(rgb), "--depth", str(dep), "--top"]
+    pairs = [(rgb, depth), (rgb, tmp_path / "holed.tiff"), (tmp_path / "gray16.png", depth)]
+    for image, dep in pairs:
+        cmd = [sys.executable, str(client), str(model), str(image), "--depth", str(dep), "--top"]
         done = subprocess.run([*cmd, "3", "--json"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         got = json.loads(done.stdout)
-        ref, _ = predict_grasps(ckpt, rgb, dep, 3)
-        assert len(got) == len(ref) >= 1, dep.name
+        ref, _ = predict_grasps(ckpt, image, dep, 3)
+        assert len(got) == len(ref) >= 1, (image.name, dep.name)
         for g, r in zip(got, ref):
-            assert abs(g["x"] - r.x) <= 1e-4 and abs(g["y"] - r.y) <= 1e-4, dep.name
-            assert angle_difference(g["angle"], r.angle) <= 1e-5, dep.name
+            assert abs(g["x"] - r.x) <= 1e-4 and abs(g["y"] - r.y) <= 1e-4, (image.name, dep.name)
+            assert angle_difference(g["angle"], r.angle) <= 1e-5, (image.name, dep.name)
             assert g["opening"] == pytest.approx(r.opening, rel=1e-4)
         printed = subprocess.run([*cmd, "3"], capture_output=True, text=True, timeout=120)
-        png = tmp_path / f"{dep.stem}.png"
-        vtfm("grasp", "--checkpoint", ckpt, rgb, "--depth", dep, "--top", "3", "--out", png)
+        png = tmp_path / f"{image.stem}-{dep.stem}-out.png"
+        vtfm("grasp", "--checkpoint", ckpt, image, "--depth", dep, "--top", "3", "--out", png)
         assert capsys.readouterr().out.splitlines()[:-1] == printed.stdout.splitlines()
 
 

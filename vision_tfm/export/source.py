@@ -390,6 +390,11 @@ def model_source(
 
 
 CLS_CONTRACT = "vision_tfm.cls.preprocess/1"  # bump when a step below changes
+_DECODE = (
+    "Pillow Image.open, no EXIF rotation. 16-bit (modes I;16*, or mode I with a pixel above "
+    "255): v -> (v + 128) // 257 as uint8 mode L; mode I with every pixel <= 255: v as uint8 "
+    "mode L; mode F is refused"
+)
 
 
 def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std: Any) -> dict:
@@ -399,9 +404,7 @@ def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std
     mode = "L" if in_chans == 1 else "RGB"
     return {
         "contract": CLS_CONTRACT,
-        "decode": "Pillow Image.open, no EXIF rotation. 16-bit (modes I;16*, or mode I with a "
-        "pixel above 255): v -> (v + 128) // 257 as uint8 mode L; mode I with every pixel "
-        "<= 255: v as uint8 mode L; mode F is refused",
+        "decode": _DECODE,
         "channels": {
             "mode": mode,
             "rule": f"Pillow Image.convert('{mode}'): "
@@ -484,7 +487,7 @@ def load_source(
     return ExportSource(path, model.eval(), cfg, meta)
 
 
-GRASP_CONTRACT = "vision_tfm.grasp.preprocess/1"  # bump when a step below changes
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/2"  # bump when a step below changes
 
 
 _PER_VIEW = (
@@ -505,7 +508,7 @@ def grasp_preprocess(cfg: Any) -> dict[str, Any]:
         "contract": GRASP_CONTRACT,
         "channels": order[d.input],
         "decode": {
-            "rgb": "Pillow Image.open(...).convert('RGB'), uint8 HWC",
+            "rgb": _DECODE + "; then Pillow convert('RGB'), uint8 HWC",
             "depth": "Pillow Image.open, read as float32 metres (H, W), the RGB image's size",
         },
         "crop": {
