@@ -380,6 +380,8 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert {"torch", "vision_tfm", "onnx", "onnxruntime"} <= set(result["versions"])
     md = (tmp_path / "b" / "benchmark.md").read_text()
     assert md.startswith("| format |") and "torch-bf16: bf16 is emulated" in md
+    assert list(result["ceiling_gflops"]) == ["fp32"]  # no bf16 matmul timed where emulated
+    assert rows[1]["pct_of_ceiling"] == "" and float(rows[0]["pct_of_ceiling"]) > 0
     assert len([r for r in caplog.records if "emulated" in r.getMessage()]) == 1
     err = fail(capsys, *args)  # the tables exist now: refused before any work
     assert_names(err, tmp_path / "b", "--overwrite")

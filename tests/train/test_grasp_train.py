@@ -259,9 +259,7 @@ def test_quality_loss_is_bce_on_logits_unclamped():
     assert model.z.grad.item() == pytest.approx(1.0, rel=1e-4)  # d/dz mean BCE = sigmoid(z)
 
 
-@pytest.mark.parametrize(
-    ("key", "value"), [("loss.maps", "l1"), ("loss.quality", "focal")]
-)
+@pytest.mark.parametrize(("key", "value"), [("loss.maps", "l1"), ("loss.quality", "focal")])
 def test_unknown_loss_names_are_one_line_errors(key, value):
     with raises_naming(ValueError, key, value):
         apply_overrides(GraspConfig(), {key: value})

@@ -31,6 +31,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from ..layers import attention_dispatch
 from ..layers.attention_dispatch import warn_if_bf16_emulated
 from ..models import get_model_entry
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
@@ -314,7 +315,8 @@ def benchmark_checkpoint(
         gflops = count_flops(source.model, x1) / 1e9
         dtypes = {"fp32": torch.float32}
         bf16_note = None
-        if any(f.endswith("-bf16") for f in opts.formats):
+        # no bf16 ceiling where bf16 is emulated: a square bf16 matmul would take minutes
+        if any(f.endswith("-bf16") for f in opts.formats) and attention_dispatch.cpu_native_bf16():
             dtypes["bf16"] = torch.bfloat16
         if "torch-bf16" in opts.formats:
             bf16_note = warn_if_bf16_emulated("the torch row is the one to use")
@@ -360,8 +362,9 @@ def benchmark_checkpoint(
             row.latency_median_ms = statistics.median(lat[row.format])
             row.latency_p90_ms = float(np.percentile(lat[row.format], 90))
             row.throughput_img_s = len(xb) / statistics.median(tb[row.format]) * 1e3
-            ceiling = ceilings["bf16" if row.format.endswith("-bf16") else "fp32"]
-            row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
+            ceiling = ceilings.get("bf16" if row.format.endswith("-bf16") else "fp32")
+            if ceiling:
+                row.pct_of_ceiling = 100 * gflops * 1e9 * row.throughput_img_s / ceiling
         if workdir:
             builder.describe_files()
     uses_openvino = any(f.startswith("openvino") for f in opts.formats)
