@@ -755,6 +755,25 @@ def _train_tiny_grasp(out_dir: Path, **extra: Any) -> tuple[Path, float]:
     return trainer.run_dir / "best.pt", metrics["grasp_acc"]
 
 
+def test_grasp_folder_views_ignore_the_checkpoints_fold_split(trained_grasp, tmp_path: Path):
+    """A calibration folder is any folder of views: a 5-fold checkpoint still reads one with 2
+    views (every view, in the run's preprocessing), where its split would need 5."""
+    import shutil
+    from dataclasses import replace
+
+    from vision_tfm.export import load_source
+
+    src = load_source(trained_grasp[0])
+    src.cfg = replace(src.cfg, data=replace(src.cfg.data, folds=5, fold=4, normalise="image"))
+    folder = tmp_path / "calib" / "01"
+    folder.mkdir(parents=True)
+    for f in (FIXTURES / "cornell" / "01").glob("pcd010[01]*"):
+        shutil.copy(f, folder)
+    views = src.folder_dataset(tmp_path / "calib")
+    assert sorted(v for ds in views.datasets for v in ds.ids) == ["pcd0100", "pcd0101"]
+    assert {ds.normalise for ds in views.datasets} == {"image"}  # the run's preprocessing
+
+
 def test_grasp_benchmark_scores_grasps_in_every_format(trained_grasp, tmp_path: Path) -> None:
     """Grasp accuracy on the deployment crop, top-grasp agreement and map diffs per format;
     static int8 quantises the conv stem too; no absolute path in the shared JSON."""

@@ -27,6 +27,7 @@ from .datasets import (
     infer_dataset_kind,
     load_cifar10,
     load_image,
+    open_image,
     read_data_pickle,
     scan_image_folder,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "load_cifar10",
     "load_image",
     "load_mnist",
+    "open_image",
     "read_data_pickle",
     "read_idx",
     "to_in_chans",

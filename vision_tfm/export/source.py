@@ -104,7 +104,7 @@ class ExportSource:
     def metric_name(self) -> str | None:
         return "grasp_acc" if self.task == "grasp" else "top1"
 
-    def torch_runner(self, bf16: bool = False) -> Runner:
+    def torch_runner(self, *, bf16: bool = False) -> Runner:
         """The model as a :data:`Runner`, without autograd; with ``bf16`` under CPU bf16
         autocast (weights stay fp32; matmuls run in bf16)."""
 
@@ -149,7 +149,7 @@ class ExportSource:
         """Every image under ``root`` with eval preprocessing: a grasp dataset's views
         (cropped as validation crops them), or what :func:`list_images` finds."""
         if self.task == "grasp":
-            return ConcatDataset(grasp_split(self.cfg, root))
+            return ConcatDataset(grasp_split(self.cfg, root, folder=True))
         from ..data import build_eval_transform
         from ..train.classification import eval_data_config
 
@@ -444,12 +444,16 @@ def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std
     }
 
 
-def grasp_split(cfg: Any, root: str | os.PathLike) -> tuple[Dataset, Dataset]:
+def grasp_split(cfg: Any, root: str | os.PathLike, folder: bool = False) -> tuple[Dataset, Dataset]:
     """(train, val) of the checkpoint's grasp split under ``root``, both preprocessed as
-    validation is."""
+    validation is. ``folder``: any folder of views (calibration), split by default rules, so
+    a fold checkpoint's ``data.folds`` does not ask a small folder for that many views."""
     from ..data.grasp import grasp_datasets_from_config
 
-    train, val, _ = grasp_datasets_from_config(cfg.data, cfg.run.seed, root)
+    d, seed = cfg.data, cfg.run.seed
+    if folder:
+        d, seed = replace(d, split="image", folds=0, fold=0), 0
+    train, val, _ = grasp_datasets_from_config(d, seed, root)
     return train, val
 
 

@@ -15,7 +15,10 @@ exactly as an uninterrupted one and ends with bit-identical weights on CPU.
 Under DDP every rank handles Ctrl-C; the ranks agree at each optimizer update whether any was
 interrupted, so all stop at the same update and rank 0 writes the checkpoint.
 
-Where a resumed run continues, so that nothing written is lost: :meth:`Trainer._prepare_run_dir`.
+Resuming a run's newest state (its ``last.pt``) continues in its run dir; resuming an older
+one (a ``best.pt`` behind it) continues in a new run dir beside it, so nothing written is lost.
+A checkpoint outside a run dir this package created (see :mod:`.rundir`) continues in a new
+run dir under ``run.out_dir``; a run dir in use by another process is refused.
 """
 
 from __future__ import annotations
@@ -91,7 +94,11 @@ class TrainerConfig(Protocol):
 
 
 class Task(Protocol):
-    """What a training task supplies to the engine."""
+    """What a training task supplies to the engine.
+
+    Optional: ``model_builder(ckpt) -> (build, cfg)``; with it, a resumed checkpoint's weights
+    are checked against ``build()`` on the meta device before anything is built for real.
+    """
 
     metric: str  # primary validation metric, higher is better
     batch_size: int

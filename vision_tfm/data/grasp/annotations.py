@@ -53,11 +53,16 @@ def _check_rect(corners: np.ndarray, path: Path, lineno: int) -> None:
 def read_cornell_rects(path: str | Path) -> tuple[np.ndarray, int]:
     """Read a Cornell ``pcdXXXXcpos.txt``: 4 lines of ``x y`` per rectangle.
 
-    Blank lines and trailing spaces are ignored; the module docstring gives the bad-data policy.
+    Blank lines and trailing spaces are ignored. Rectangles holding NaN values (a known Cornell
+    quirk) are dropped and counted; any other non-numeric text is an error.
 
     Returns:
-        ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of NaN rectangles
-        dropped.
+        ``(rects, skipped)``: float32 ``(K, 4, 2)`` corners and the number of dropped rectangles.
+
+    Raises:
+        GraspDataError: Empty or binary file, a line without exactly two numbers, a rectangle
+            beyond :data:`MAX_COORD` or of zero size (each naming file and line), a line count
+            that is not a multiple of 4, or no valid rectangle left.
     """
     path = Path(path)
     rows, linenos = [], []
@@ -98,6 +103,10 @@ def read_jacquard_grasps(path: str | Path) -> np.ndarray:
 
     Returns:
         float64 ``(K, 5)`` rows in Jacquard's own units (see :func:`jacquard_to_corners`).
+
+    Raises:
+        GraspDataError: A line without 5 finite numbers, with an opening or jaw <= 0 or a value
+            beyond :data:`MAX_COORD` (naming file and line), or no grasp at all.
     """
     path = Path(path)
     rows = []
