@@ -176,7 +176,7 @@ def test_bad_config_is_rejected():
     [
         ((1, 2, 32, 32), torch.float32, (-1, 2)),  # channels expected, given
         ((3, 32, 32), torch.float32, ("(3, 32, 32)",)),  # not 4-D
-        ((1, -1, 3, 3), torch.float32, (3,)),  # 3x3: below one patch
+        ((1, -1, 3, 3), torch.float32, ("3x3",)),  # below one patch
         ((1, -1, 32, 32), torch.uint8, ("torch.uint8",)),
         ((1, -1, 32, 32), torch.float64, ("torch.float64", "torch.float32")),  # input, weights
     ],

@@ -251,7 +251,7 @@ def test_no_head_is_a_valid_class_count():
 BAD_INPUTS = [  # the input, and what the error names: the numbers or dtypes that clash
     (torch.randn(1, 1, 32, 32), (3, 1)),  # channels expected, given
     (torch.randn(3, 32, 32), ("(3, 32, 32)",)),  # not 4-D
-    (torch.randn(1, 3, 3, 3), (3,)),  # 3x3: below one patch
+    (torch.randn(1, 3, 3, 3), ("3x3",)),  # below one patch
     (torch.zeros(1, 3, 32, 32, dtype=torch.uint8), ("torch.uint8",)),
     (torch.randn(1, 3, 32, 32, dtype=torch.float64), ("torch.float64", "torch.float32")),
     (torch.randn(1, 3, 32, 32).half(), ("torch.float16", "torch.float32")),

@@ -107,7 +107,9 @@ def test_resume_from_an_older_checkpoint_forks_a_new_run_dir(tmp_path, capsys):
     forked, _ = run(tiny_cfg(tmp_path), resume=a / "epoch1.pt")
     assert _snapshot(a) == before  # the old run is byte-for-byte untouched
     b = forked.run_dir
-    assert b != a and b.parent == a.parent and str(b) in capsys.readouterr().out
+    assert b != a and b.parent == a.parent
+    out = capsys.readouterr().out.splitlines()  # the fork is said: what was resumed, where to
+    assert any(str(a / "epoch1.pt") in line and str(b) in line for line in out), out
     rows = (b / "metrics.csv").read_text().strip().splitlines()
     assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
     assert (b / "best.pt").is_file()  # epoch 1 was the best so far, or epoch 2 beat it
@@ -333,6 +335,7 @@ def _cli(*args, cwd):
 def test_cli_bad_input_one_line(tmp_path, args, names):
     r = _cli(*args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ")  # the scripts' one-line format, as the CLI's
     assert_names(r.stderr, *names)  # one line, naming the setting
     assert not (tmp_path / "runs").exists()
 
