@@ -21,11 +21,15 @@ import tempfile
 import numpy as np
 import onnxruntime as ort
 
+from vision_tfm.export.onnx import ORT_SESSION_CONFIG
+
 
 def profile(path: str, threads: int, runs: int) -> tuple[dict[str, float], dict[str, int]]:
     """Microseconds and node count per op type, per run."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
+    for key, value in ORT_SESSION_CONFIG.items():  # spinning as the shipped sessions spin
+        so.add_session_config_entry(key, value)
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     so.enable_profiling = True
