@@ -243,7 +243,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--opset", type=int, default=18, help="18..25; SDPA -> Attention at >= 23")
     ex.add_argument("--attention", default="auto", choices=["auto", "fused", "explicit"])
     ex.add_argument("--img-size", type=_hw, help="export size, e.g. 28 or 28x42")
-    ex.add_argument("--int8", choices=["dynamic", "static", "both"])
+    ex.add_argument(
+        "--int8",
+        choices=["dynamic", "static", "openvino", "both"],
+        help="dynamic, static (QDQ for onnxruntime), openvino (QDQ for OpenVINO's int8 "
+        "plugin) or both (dynamic and static)",
+    )
     ex.add_argument("--calib-data", help="images, ImageFolder, CIFAR or MNIST idx folder")
     ex.add_argument("--calib-size", type=int, default=256, help="calibration images")
     ex.add_argument("--atol", type=float, default=1e-4, help="parity tolerance (max abs diff)")
@@ -279,7 +284,7 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
         "--formats",
         default="torch,torch-bf16,onnx,onnx-int8-dynamic,onnx-int8-static",
         help="comma list of torch, torch-bf16, onnx, onnx-opset23, onnx-int8-dynamic, "
-        "onnx-int8-static, openvino, openvino-bf16 (the openvino extra)",
+        "onnx-int8-static, openvino, openvino-bf16, openvino-int8 (the openvino extra)",
     )
     bm.add_argument("--threads", type=int, default=2)
     bm.add_argument("--out", help="folder for benchmark.{md,csv,json} (default: beside ckpt)")

@@ -425,6 +425,29 @@ def test_openvino_rows_meet_fp32_parity_and_report_their_precision(
     assert "> 1e-09 on the val images" in row["status"] and row["latency_median_ms"] > 0
 
 
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino extra")
+def test_openvino_int8_export_writes_the_layout_openvino_runs(
+    vit_export: Path, tmp_path: Path
+) -> None:
+    """``--int8 openvino``: QDQ in OpenVINO's int8 layout, scored in OpenVINO against fp32
+    PyTorch, with its own metadata (a child process: see openvino_benchmark)."""
+    import onnx
+
+    out = tmp_path / "m.onnx"
+    cmd = [sys.executable, "-m", "vision_tfm.cli", "export", "--checkpoint"]
+    cmd += [str(vit_export / "vit_mnist.pt"), "--int8", "openvino", "--out", str(out)]
+    cmd += ["--calib-size", "32", "--val-images", "128"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    q = json.loads((tmp_path / "m-int8-openvino.json").read_text())
+    assert q["format"] == "openvino-int8" and q["file"] == "m-int8-openvino.onnx"
+    assert q["calibration"] == {"data": "train split", "images": 32} and q["val_images"] == 128
+    assert q["top1_agreement"] >= 0.9 and abs(q["metric_delta"]) <= 0.05
+    assert q["size_mb"] < json.loads(out.with_suffix(".json").read_text())["size_mb"]
+    assert "int8 openvino: top1" in done.stdout
+    assert_openvino_qdq_layout(onnx.load(str(tmp_path / q["file"])).graph)
+
+
 def test_openvino_missing_is_a_failed_row_with_the_install_hint(
     vit_export: Path, monkeypatch
 ) -> None:
@@ -781,7 +804,8 @@ def test_grasp_benchmark_scores_grasps_in_every_format(trained_grasp, tmp_path: 
 
     ckpt, acc = trained_grasp
     has_ov = importlib.util.find_spec("openvino") is not None
-    formats = "torch,onnx,onnx-int8-dynamic,onnx-int8-static" + (",openvino" if has_ov else "")
+    formats = "torch,onnx,onnx-int8-dynamic,onnx-int8-static"
+    formats += ",openvino,openvino-int8" if has_ov else ""
     keep = tmp_path / "k"
     result = openvino_benchmark(
         ckpt, tmp_path / "b", formats, "--no-memory", "--keep-exports", str(keep)
@@ -794,7 +818,7 @@ def test_grasp_benchmark_scores_grasps_in_every_format(trained_grasp, tmp_path: 
         r = rows[fmt]
         assert r["max_abs_diff"] <= 1e-4 and r["top1_agreement"] == 1.0
         assert r["metric"] == ref["metric"]
-    for fmt in ("onnx-int8-dynamic", "onnx-int8-static"):
+    for fmt in ("onnx-int8-dynamic", "onnx-int8-static", *(("openvino-int8",) if has_ov else ())):
         r = rows[fmt]
         assert r["metric_delta"] == pytest.approx(r["metric"] - ref["metric"])
         assert 0 <= r["top1_agreement"] <= 1 and r["max_abs_diff"] > 0
@@ -807,6 +831,38 @@ def test_grasp_benchmark_scores_grasps_in_every_format(trained_grasp, tmp_path: 
     made_by = {o: n.op_type for n in graph.node for o in n.output}
     stem = next(n for n in graph.node if n.op_type == "Conv")
     assert [made_by.get(i) for i in stem.input[:2]] == ["DequantizeLinear"] * 2
+    if has_ov:
+        assert_openvino_qdq_layout(onnx.load(str(keep / "openvino-int8.onnx")).graph)
+
+
+def assert_openvino_qdq_layout(graph) -> None:
+    """The layout OpenVINO runs in int8: every Conv and MatMul (attention's included) reads
+    symmetric s8 Q/DQ inputs (zero point 0), and a quantised op's output is quantised only
+    for another quantised op (the grasp maps leave the head in fp32)."""
+    from onnx import TensorProto, numpy_helper
+
+    quantised_ops = ("Conv", "MatMul", "Gemm")
+    made_by = {o: n for n in graph.node for o in n.output}
+    read_by: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            read_by.setdefault(i, []).append(n)
+    consts = {t.name: t for t in graph.initializer}
+    quantise = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert quantise
+    for q in quantise:
+        zp = consts[q.input[2]]
+        assert zp.data_type == TensorProto.INT8 and not numpy_helper.to_array(zp).any()
+        if q.input[0] in made_by and made_by[q.input[0]].op_type in quantised_ops:
+            (dq,) = read_by[q.output[0]]
+            assert {n.op_type for n in read_by[dq.output[0]]} <= set(quantised_ops), q.name
+
+    def dequantised(name: str) -> bool:
+        return name in made_by and made_by[name].op_type == "DequantizeLinear"
+
+    ops = [n for n in graph.node if n.op_type in ("Conv", "MatMul")]
+    assert {n.op_type for n in ops} == {"Conv", "MatMul"}
+    assert all(dequantised(n.input[0]) and dequantised(n.input[1]) for n in ops)
 
 
 def test_benchmark_of_a_grasp_model_without_checkpoint(tmp_path: Path, capsys) -> None:
@@ -907,7 +963,7 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
 
 def test_ort_session_spins_within_a_run_and_stops_after_it(tmp_path: Path) -> None:
     """Deployment and benchmark sessions alike: spinning between ops (batch-1 latency), parked
-    workers once a run returns (the cores go back to the caller)."""
+    workers once a run returns (the cores go back to the caller), denormals flushed."""
     from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
 
     torch.manual_seed(0)
@@ -919,4 +975,5 @@ def test_ort_session_spins_within_a_run_and_stops_after_it(tmp_path: Path) -> No
     assert so.intra_op_num_threads == 2
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert so.get_session_config_entry("session.set_denormal_as_zero") == "1"
     torch.testing.assert_close(ort_runner(sess)(x)[0], model(x), atol=1e-6, rtol=1e-6)

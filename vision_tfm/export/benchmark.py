@@ -50,7 +50,7 @@ from .onnx import (
     size_mb,
 )
 from .openvino import openvino_runner, openvino_version
-from .quantize import calibration_images, quantize_int8
+from .quantize import CALIBRATED, INT8_FORMATS, calibration_images, quantize_int8
 from .source import ExportSource, Runner, load_source, max_abs_diff, model_source
 
 FORMATS = (
@@ -62,6 +62,7 @@ FORMATS = (
     "onnx-int8-static",
     "openvino",
     "openvino-bf16",
+    "openvino-int8",
 )
 # exported formats held to the fp32 tolerance against PyTorch on the val images
 FP32_FORMATS = ("onnx", f"onnx-opset{ATTENTION_OPSET}", "openvino")
@@ -225,6 +226,8 @@ class _Formats:
             if not path.exists():  # the whole module: the child has no config to rebuild it
                 torch.save(self.source.model, path)
             return fmt, path
+        if fmt == "openvino-int8":
+            return "openvino", self.files[fmt][0]
         if fmt.startswith("openvino"):
             return fmt, self.onnx(self.opts.opset)[0]
         return "onnx", self.files[fmt][0]
@@ -235,15 +238,17 @@ class _Formats:
         if fmt.startswith("torch"):
             size = _state_dict_mb(src.model)
             return src.torch_runner(bf16=fmt == "torch-bf16"), "ok", size
-        if fmt.startswith("onnx-int8-"):
+        if fmt in INT8_FORMATS:
             fp32, _ = self.onnx(self.opts.opset)
             path = self.workdir / f"{fmt}.onnx"
-            mode = fmt.removeprefix("onnx-int8-")
+            mode = INT8_FORMATS[fmt]
             calib = None
-            if mode == "static":
+            if mode in CALIBRATED:
                 calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
             quantize_int8(fp32, path, mode, calib)
             self.files[fmt] = path, self.opts.opset
+            if fmt.startswith("openvino"):  # the int8 layers run int8; the rest fp32, not bf16
+                return openvino_runner(path, threads)[0], "ok", size_mb(path)
             return ort_runner(ort_session(path, threads)), "ok", size_mb(path)
         if fmt.startswith("openvino"):
             path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
@@ -445,7 +450,7 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"labels; agreement and max abs diff ({outputs}) are against fp32 PyTorch on them, "
             f"where {spread}"
         )
-        static = any(r["format"] == "onnx-int8-static" for r in result["rows"])
+        static = any(INT8_FORMATS.get(r["format"]) in CALIBRATED for r in result["rows"])
         if static and not s["calib_data"]:
             what += " (and static int8 is calibrated on them: pass --calib-data to keep apart)"
     if grasp:

@@ -32,7 +32,8 @@ from .onnx import (
     size_mb,
     staging_dir,
 )
-from .quantize import INT8_MODES, calibration_images, quantize_int8
+from .openvino import openvino_runner
+from .quantize import CALIBRATED, INT8_FORMATS, INT8_MODES, calibration_images, quantize_int8
 from .source import ExportSource, load_source
 
 
@@ -45,7 +46,7 @@ class ExportOptions:
     opset: int = DEFAULT_OPSET
     attention: str = "auto"  # "auto", "fused" or "explicit"
     img_size: tuple[int, int] | None = None  # export size; default: the training size
-    int8: tuple[str, ...] = ()  # any of "dynamic", "static"
+    int8: tuple[str, ...] = ()  # any of INT8_MODES
     calib_data: str | None = None  # default: the checkpoint's training split
     calib_size: int = 256
     atol: float = 1e-4
@@ -121,7 +122,7 @@ def export_checkpoint(
     dynamic = parse_dynamic(opts.dynamic)
     source = load_source(checkpoint, opts.ema, opts.data)
     calib = None
-    if "static" in opts.int8:  # before the export: bad calibration data fails in seconds
+    if set(opts.int8) & set(CALIBRATED):  # before the export: bad calibration data fails fast
         calib = calibration_images(source, opts.calib_data, opts.calib_size)
     size = tuple(opts.img_size or source.img_size)
     if source.task == "grasp" and size != source.img_size and opts.int8:
@@ -159,7 +160,8 @@ def export_checkpoint(
         for mode, result in meta.get("int8", {}).items():
             q = int8_path(out, mode)
             info = {k: v for k, v in meta.items() if k not in ("int8", "parity", "external_data")}
-            info.update(format=f"onnx-int8-{mode}", file=q.name, fp32_file=out.name, **result)
+            fmt = next(f for f, m in INT8_FORMATS.items() if m == mode)
+            info.update(format=fmt, file=q.name, fp32_file=out.name, **result)
             _write_json(tmp / q.with_suffix(".json").name, info)
         _write_json(tmp / out.with_suffix(".json").name, meta)
         written = _install(tmp, out.parent, [p.name for p in planned])
@@ -220,7 +222,9 @@ def _quantise(
     for mode in opts.int8:
         q = int8_path(fp32, mode)  # staged beside fp32, under its installed name
         quantize_int8(fp32, q, mode, calib)
-        ev = source.evaluate(ort_runner(ort_session(q)), batches)
+        # scored by the runtime the file is laid out for
+        run = openvino_runner(q, 1)[0] if mode == "openvino" else ort_runner(ort_session(q))
+        ev = source.evaluate(run, batches)
         results[mode] = r = {
             source.metric_name: ev.metric,
             f"{source.metric_name}_fp32": ref.metric,

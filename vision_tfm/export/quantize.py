@@ -1,6 +1,7 @@
-"""int8 through onnxruntime: dynamic (weights int8, activations scaled per call) and static QDQ.
+"""int8 through onnxruntime's quantiser: dynamic (weights int8, activations scaled per call)
+and static QDQ, in the layout onnxruntime runs fast or the one OpenVINO runs fast.
 
-Both start from ``quant_pre_process`` (symbolic shape inference and graph fusions), which
+All start from ``quant_pre_process`` (symbolic shape inference and graph fusions), which
 lets the quantiser see through the exporter's shape arithmetic. Static quantisation
 calibrates activation ranges on real images (:func:`calibration_images`).
 """
@@ -30,9 +31,30 @@ from onnxruntime.quantization import (
 
 from .source import INPUT_NAME, ExportSource
 
-INT8_MODES = ("dynamic", "static")
+INT8_MODES = ("dynamic", "static", "openvino")
+CALIBRATED = ("static", "openvino")  # the modes that need calibration images
+# benchmark / metadata format name -> mode; the openvino file runs in OpenVINO
+INT8_FORMATS = {
+    "onnx-int8-dynamic": "dynamic",
+    "onnx-int8-static": "static",
+    "openvino-int8": "openvino",
+}
 DYNAMIC_OPS = ("MatMul",)
 STATIC_OPS = ("MatMul", "Gemm", "Conv")
+STATIC_LAYOUTS: dict[str, dict] = {
+    # onnxruntime: u8 activations x s8 weights is its fast VNNI path on x86 CPUs.
+    "static": {"activation_type": QuantType.QUInt8, "extra_options": {}},
+    # OpenVINO's CPU plugin fuses symmetric s8 Q/DQ into its int8 (VNNI / AMX) convolutions,
+    # FCs and attention; u8 zero points become a Subtract on every activation instead.
+    # A quantised op's output is re-quantised only for the next one: the grasp maps stay fp32.
+    "openvino": {
+        "activation_type": QuantType.QInt8,
+        "extra_options": {
+            "ActivationSymmetric": True,
+            "OpTypesToExcludeOutputQuantization": list(STATIC_OPS),
+        },
+    },
+}
 
 
 class TensorCalibrationReader(CalibrationDataReader):
@@ -91,13 +113,14 @@ def quantize_int8(
     Args:
         fp32_path: The exported fp32 model (its ``.data`` file beside it).
         out_path: Where to write the int8 model (a single file: int8 weights are small).
-        mode: "dynamic" (no calibration) or "static" (QDQ, per-channel weights).
-        calib: Preprocessed calibration images; required for "static".
+        mode: "dynamic" (no calibration), "static" (QDQ, per-channel weights, for
+            onnxruntime) or "openvino" (the same, laid out for OpenVINO: ``STATIC_LAYOUTS``).
+        calib: Preprocessed calibration images; required for the ``CALIBRATED`` modes.
     """
     if mode not in INT8_MODES:
         raise ValueError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
-    if mode == "static" and (calib is None or len(calib) == 0):
-        raise ValueError("static int8 needs calibration images")
+    if mode in CALIBRATED and (calib is None or len(calib) == 0):
+        raise ValueError(f"{mode} int8 needs calibration images")
     fp32_path, out_path = Path(fp32_path).resolve(), Path(out_path).resolve()
     with tempfile.TemporaryDirectory() as tmp, _quiet(), _inside(tmp):
         pre = Path(tmp) / "pre.onnx"
@@ -123,18 +146,17 @@ def quantize_int8(
                 extra_options={"MatMulConstBOnly": True},
             )
         else:
-            # u8 activations x s8 weights is the fast VNNI path on x86 CPUs. Q/DQ around
-            # norms, softmax and residual adds cost accuracy and buy no speed.
+            # Q/DQ around norms, softmax and residual adds cost accuracy and buy no speed.
             quantize_static(
                 str(pre),
                 str(out_path),
                 TensorCalibrationReader(calib, batch_size=batch),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
-                activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,
                 op_types_to_quantize=list(STATIC_OPS),
+                **STATIC_LAYOUTS[mode],
             )
 
 
