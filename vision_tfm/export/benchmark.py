@@ -483,6 +483,12 @@ def markdown_table(result: dict[str, Any]) -> str:
             "fast op-to-op hand-offs, and no spinning threads taking the cores from the next "
             "format in the interleaved rounds."
         )
+    if any(r["format"].startswith("onnx") for r in result["rows"]):
+        lines.append(
+            "onnxruntime sessions flush denormals to zero (session.set_denormal_as_zero), as "
+            "`ort_session` sets up for deployment: a trained model's activations underflow, and "
+            "x86 CPUs compute denormals many times slower."
+        )
     if result.get("bf16_note"):
         lines.append(f"torch-bf16: {result['bf16_note']}; the fp32 torch row is the one to use.")
     over = [
