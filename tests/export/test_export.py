@@ -448,10 +448,15 @@ def test_openvino_int8_export_writes_the_layout_openvino_runs(
     assert_openvino_qdq_layout(onnx.load(str(tmp_path / q["file"])).graph)
 
 
-def test_openvino_missing_is_a_failed_row_with_the_install_hint(
+def test_openvino_missing_is_a_failed_row_or_a_refused_export(
     vit_export: Path, monkeypatch
 ) -> None:
-    from vision_tfm.export import BenchOptions, benchmark_checkpoint
+    from vision_tfm.export import (
+        BenchOptions,
+        ExportOptions,
+        benchmark_checkpoint,
+        export_checkpoint,
+    )
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # import raises ImportError
     opts = BenchOptions.quick(formats=("torch", "openvino"), threads=1, memory=False)
@@ -464,6 +469,12 @@ def test_openvino_missing_is_a_failed_row_with_the_install_hint(
 
     with pytest.raises(ValueError, match=r"\bint8\b"):
         openvino_runner(vit_export / "model.onnx", 1, "int8")
+    out = vit_export / "never.onnx"  # refused before any work: nothing is written
+    with pytest.raises(ValueError, match=r"--int8 openvino needs openvino.*\[openvino\]"):
+        export_checkpoint(
+            vit_export / "vit_mnist.pt", ExportOptions(out=str(out), int8=("openvino",))
+        )
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from .onnx import (
     size_mb,
     staging_dir,
 )
-from .openvino import openvino_runner
+from .openvino import openvino_runner, openvino_version
 from .quantize import CALIBRATED, INT8_FORMATS, INT8_MODES, calibration_images, quantize_int8
 from .source import ExportSource, load_source
 
@@ -77,6 +77,8 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
     bad = sorted(set(opts.int8) - set(INT8_MODES))
     if bad:
         raise ValueError(f"--int8: unknown mode(s) {bad}; expected {', '.join(INT8_MODES)}")
+    if "openvino" in opts.int8 and openvino_version() is None:
+        raise ValueError("--int8 openvino needs openvino: pip install -e '.[openvino]'")
     if opts.calib_data is not None and not Path(opts.calib_data).exists():
         raise FileNotFoundError(f"calibration data not found: {opts.calib_data}")
     for name, value, least in (
