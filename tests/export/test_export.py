@@ -974,8 +974,12 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
 
 def test_ort_session_spins_within_a_run_and_stops_after_it(tmp_path: Path) -> None:
     """Deployment and benchmark sessions alike: spinning between ops (batch-1 latency), parked
-    workers once a run returns (the cores go back to the caller), denormals flushed."""
+    workers once a run returns (the cores go back to the caller), denormals flushed, and the
+    caller's thread left computing denormals as before (onnxruntime flushes it for good)."""
     from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
+
+    def keeps_denormals() -> bool:
+        return bool(np.float32(1e-40) * np.float32(1.0) != 0)
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval()
@@ -987,4 +991,6 @@ def test_ort_session_spins_within_a_run_and_stops_after_it(tmp_path: Path) -> No
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"
     assert so.get_session_config_entry("session.set_denormal_as_zero") == "1"
+    assert keeps_denormals()
     torch.testing.assert_close(ort_runner(sess)(x)[0], model(x), atol=1e-6, rtol=1e-6)
+    assert keeps_denormals()

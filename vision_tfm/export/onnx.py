@@ -38,9 +38,32 @@ ORT_SESSION_CONFIG = {
     "session.intra_op.allow_spinning": "1",  # within a run: no wake-up latency per op
     "session.force_spinning_stop": "1",  # after it: idle workers park, the cores are free
     # a trained model's peaked softmax and saturated activations underflow to denormals,
-    # which x86 computes in microcode: a trained grasp model ran 3.7x slower without this
+    # which x86 computes in microcode: a trained grasp model ran 3.7x slower without this.
+    # It applies to the pool's threads; the calling thread flushes in `denormals_flushed`.
     "session.set_denormal_as_zero": "1",
 }
+
+
+def _keeps_denormals() -> bool:
+    """Whether this thread computes denormals (IEEE) rather than flushing them to zero."""
+    import numpy as np
+
+    return bool(np.float32(1e-40) * np.float32(1.0) != 0)
+
+
+@contextmanager
+def denormals_flushed() -> Iterator[None]:
+    """Flush denormals on the calling thread inside the block, and give the thread back in
+    the state it came in. onnxruntime flushes on the thread that creates a session with
+    ``set_denormal_as_zero`` and leaves it so: that would change every later float
+    computation of the caller's process (numpy's, torch's), not just the model's."""
+    restore = _keeps_denormals()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if restore:
+            torch.set_flush_denormal(False)
 
 
 class ParityError(ValueError):
@@ -221,8 +244,9 @@ def ort_session(path: str | Path, threads: int = 0) -> Any:
     """A CPU onnxruntime session on ``threads`` intra-op threads (0 = onnxruntime's choice).
 
     Workers spin between the ops of a run (a wake-up per small op dominates batch-1 latency)
-    and stop when it returns, leaving the cores to the caller; denormals are flushed to zero
-    (:data:`ORT_SESSION_CONFIG`).
+    and stop when it returns, leaving the cores to the caller; they flush denormals to zero
+    (:data:`ORT_SESSION_CONFIG`), and so does the caller's thread in :func:`ort_runner`'s
+    runs. Creating the session leaves the caller's floating-point state as it was.
     """
     import onnxruntime as ort
 
@@ -233,16 +257,20 @@ def ort_session(path: str | Path, threads: int = 0) -> Any:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 4  # fatal only: run errors are raised as exceptions anyway
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    with denormals_flushed():
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def ort_runner(session: Any) -> Runner:
-    """Wrap a session as a :data:`~vision_tfm.export.source.Runner`."""
+    """Wrap a session as a :data:`~vision_tfm.export.source.Runner`; the calling thread's
+    share of each run flushes denormals as the pool's threads do."""
     name = session.get_inputs()[0].name
 
     def run(x: torch.Tensor) -> list[torch.Tensor]:
         feed = {name: x.detach().float().contiguous().numpy()}
-        return [torch.from_numpy(o) for o in session.run(None, feed)]
+        with denormals_flushed():
+            out = session.run(None, feed)
+        return [torch.from_numpy(o) for o in out]
 
     return run
 
