@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,8 +47,6 @@ ORT_SESSION_CONFIG = {
 
 def _keeps_denormals() -> bool:
     """Whether this thread computes denormals (IEEE) rather than flushing them to zero."""
-    import numpy as np
-
     return bool(np.float32(1e-40) * np.float32(1.0) != 0)
 
 
