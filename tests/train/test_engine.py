@@ -484,6 +484,28 @@ def test_vtfm_predict_topk_is_capped_at_the_class_count(digit_ckpt, capsys):
     assert len(out.strip().splitlines()) == 10
 
 
+def test_a_fine_tuned_checkpoint_needs_not_the_weights_it_started_from(
+    digit_ckpt, tmp_path, capsys
+):
+    """Its own weights replace model.pretrained's: predict and export on another machine,
+    where that file is gone, must neither read it nor fail for it."""
+    digit, ck = digit_ckpt
+    start = tmp_path / "start.pt"
+    tuned = torch.load(ck, weights_only=False)
+    torch.save({"model": tuned["model"]}, start)
+    tuned["config"] = {**tuned["config"], "model": {**tuned["config"]["model"]}}
+    tuned["config"]["model"]["pretrained"] = str(start)
+    tuned["model"] = {k: v + 0.01 for k, v in tuned["model"].items()}  # differs from start
+    torch.save(tuned, tmp_path / "tuned.pt")
+    start.unlink()
+    model, cfg = restore_cls_model(tuned)
+    assert cfg.model.pretrained == str(start)  # the run's provenance is kept
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, tuned["model"][k], rtol=0, atol=0)
+    code, out, err = vtfm(capsys, "predict", digit, "--checkpoint", tmp_path / "tuned.pt")
+    assert code == 0 and len(out.strip().splitlines()) == 5, err
+
+
 def test_vtfm_attention_out_names_the_file_it_writes(digit_ckpt, tmp_path, capsys):
     digit, ck = digit_ckpt
     base = ["attention", digit, "--checkpoint", ck, "--out"]

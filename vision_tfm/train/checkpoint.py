@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -175,7 +176,10 @@ def checkpoint_builder(
     and the checkpoint's config over ``default``; ``build(cfg, meta)`` makes the model."""
     check_meta(ckpt["meta"], source)
     cfg = apply_overrides(default, ckpt["config"])
-    return lambda: build(cfg, ckpt["meta"]), cfg
+    # the checkpoint's weights replace those training started from (model.pretrained): the
+    # rebuild must not read or download them again, nor need their file on this machine
+    bare = replace(cfg, model=replace(cfg.model, pretrained=""))
+    return lambda: build(bare, ckpt["meta"]), cfg
 
 
 def restore_model(
