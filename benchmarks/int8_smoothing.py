@@ -17,8 +17,9 @@ PyTorch on the checkpoint's val images:
   training images, never from the scored ones;
 - ``smoothed + per-channel``: both.
 
-Each file's batch-1 latency is timed against ORT fp32 in interleaved rounds. A one-off
-measurement: the package's int8 path is ``vision_tfm.export.quantize``.
+Each variant is ``vision_tfm.export.quantize.quantize_int8(..., "dynamic")``, so "shipped"
+follows the package; each file's batch-1 latency is timed against ORT fp32 in interleaved
+rounds.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import onnx
 import torch
-from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 from torch import nn
 
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
+from vision_tfm.export.quantize import quantize_int8
 from vision_tfm.export.source import load_source
 from vision_tfm.layers.block import Block, PreNorm
 
@@ -74,24 +74,6 @@ def smooth(model: nn.Module, calib: torch.Tensor, alpha: float) -> nn.Module:
     return model
 
 
-def quantise(model: nn.Module, example: torch.Tensor, out: Path, per_channel: bool) -> Path:
-    """fp32 export of ``model``, then dynamic int8 of its weight MatMuls (as shipped)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        fp32, single, pre = (Path(tmp) / n for n in ("fp32.onnx", "single.onnx", "pre.onnx"))
-        export_onnx(model, example, fp32, output_names=["logits"])
-        onnx.save(onnx.load(str(fp32)), str(single))
-        quant_pre_process(str(single), str(pre))
-        quantize_dynamic(
-            str(pre),
-            str(out),
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul"],
-            extra_options={"MatMulConstBOnly": True},
-            per_channel=per_channel,
-        )
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
@@ -117,16 +99,18 @@ def main() -> None:
     print(f"smoothed fp32 vs fp32: max abs logit diff {drift:.2e}")
     example = val[0][0][:1]
     with tempfile.TemporaryDirectory() as tmp:
-        fp32 = Path(tmp) / "fp32.onnx"
-        export_onnx(src.model, example, fp32, output_names=["logits"])
-        runners = {"onnx fp32": ort_runner(ort_session(fp32, a.threads))}
-        for name, model, pc in (
-            ("shipped", src.model, False),
-            ("per-channel", src.model, True),
-            ("smoothed", smoothed, False),
-            ("smoothed + per-channel", smoothed, True),
+        fp32 = {"plain": Path(tmp) / "fp32.onnx", "smoothed": Path(tmp) / "smoothed.onnx"}
+        export_onnx(src.model, example, fp32["plain"], output_names=["logits"])
+        export_onnx(smoothed, example, fp32["smoothed"], output_names=["logits"])
+        runners = {"onnx fp32": ort_runner(ort_session(fp32["plain"], a.threads))}
+        for name, weights, pc in (
+            ("shipped", "plain", False),
+            ("per-channel", "plain", True),
+            ("smoothed", "smoothed", False),
+            ("smoothed + per-channel", "smoothed", True),
         ):
-            path = quantise(model, example, Path(tmp) / f"{len(runners)}.onnx", pc)
+            path = Path(tmp) / f"{len(runners)}.onnx"
+            quantize_int8(fp32[weights], path, "dynamic", per_channel=pc)
             runners[name] = ort_runner(ort_session(path, a.threads))
         times: dict[str, list[float]] = {k: [] for k in runners}
         for run in runners.values():

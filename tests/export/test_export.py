@@ -139,6 +139,30 @@ def vit_export(tmp_path_factory) -> Path:
     return d
 
 
+def test_dynamic_int8_weight_scales_per_tensor_or_per_output_channel(tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
+    from vision_tfm.export.quantize import quantize_int8
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    fp32 = tmp_path / "fp32.onnx"
+    export_onnx(model.eval(), x, fp32, output_names=["y"])
+    for per_channel, shapes in ((False, [(), ()]), (True, [(16,), (4,)])):
+        out = tmp_path / f"int8-{per_channel}.onnx"
+        quantize_int8(fp32, out, "dynamic", per_channel=per_channel)
+        g = onnx.load(str(out)).graph
+        weights = [i for i in g.initializer if i.name.endswith("_scale")]
+        scales = [numpy_helper.to_array(i).shape for i in weights]
+        assert sorted(scales) == sorted(shapes)  # one scale tensor per weight
+        assert [n.op_type for n in g.node].count("MatMulInteger") == 2
+        y = ort_runner(ort_session(out, threads=1))(x)[0]
+        torch.testing.assert_close(y, model(x).detach(), atol=0.05, rtol=0)
+
+
 def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
     d = vit_export
     meta = json.loads((d / "model.json").read_text())

@@ -107,6 +107,7 @@ def quantize_int8(
     out_path: str | Path,
     mode: str,
     calib: torch.Tensor | None = None,
+    per_channel: bool = False,
 ) -> None:
     """Quantise an fp32 ONNX file to int8 with onnxruntime.
 
@@ -116,6 +117,8 @@ def quantize_int8(
         mode: "dynamic" (no calibration), "static" (QDQ, per-channel weights, for
             onnxruntime) or "openvino" (the same, laid out for OpenVINO: ``STATIC_LAYOUTS``).
         calib: Preprocessed calibration images; required for the ``CALIBRATED`` modes.
+        per_channel: "dynamic" with one weight scale per output channel instead of one per
+            tensor (the static modes always have them); see ``benchmarks/int8_smoothing.py``.
     """
     if mode not in INT8_MODES:
         raise ValueError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
@@ -144,6 +147,7 @@ def quantize_int8(
                 weight_type=QuantType.QInt8,
                 op_types_to_quantize=list(DYNAMIC_OPS),
                 extra_options={"MatMulConstBOnly": True},
+                per_channel=per_channel,
             )
         else:
             # Q/DQ around norms, softmax and residual adds cost accuracy and buy no speed.
