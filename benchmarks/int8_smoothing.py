@@ -1,77 +1,37 @@
-"""Does dynamic int8 keep a trained classifier's top-1? Four weight/activation treatments.
+"""Does int8 keep a trained classifier's top-1? SmoothQuant and weight scales, measured.
 
     python benchmarks/int8_smoothing.py --checkpoint runs/cls/vit_small_patch16_224-.../best.pt
 
 Dynamic int8 (onnxruntime's ``quantize_dynamic``, the ``onnx-int8-dynamic`` format) quantises
 each MatMul's input per tensor at run time. A LayerNorm output whose channels differ widely in
 range loses its small channels to the large ones' step. This script scores, against fp32
-PyTorch on the checkpoint's val images:
+PyTorch on the checkpoint's val images, each int8 mode with and without:
 
-- ``shipped``: per-tensor weights, as ``vtfm export --int8 dynamic`` writes today;
-- ``per-channel``: one weight scale per output channel;
-- ``smoothed``: SmoothQuant's channel balancing (Xiao et al. 2023) first: for each pre-norm
-  block, every input channel j of ``attn.qkv`` and ``mlp.fc1`` is divided by
-  ``s_j = max|x_j|^a / max|W_:,j|^(1-a)`` (``a`` = ``--alpha``, the paper's 0.5), folded
-  into the LayerNorm's weight and bias, and its weight column multiplied by ``s_j``. The fp32
-  function is unchanged (the script prints the max abs difference); ``max|x_j|`` comes from
-  training images, never from the scored ones;
-- ``smoothed + per-channel``: both.
+- per-channel weights: one weight scale per output channel (static modes always have them);
+- SmoothQuant: channel balancing (Xiao et al. 2023, ``vision_tfm.export.smoothing``) with
+  ``--alpha`` (the paper's 0.5); ``max|x|`` comes from training images, never from the
+  scored ones.
 
-Each variant is ``vision_tfm.export.quantize.quantize_int8(..., "dynamic")``, so "shipped"
-follows the package; each file's batch-1 latency is timed against ORT fp32 in interleaved
-rounds.
+Every variant is ``vision_tfm.export.quantize.quantize_int8`` with explicit ``smooth`` and
+``per_channel``; the row marked "default" is what ``vtfm export`` / ``vtfm benchmark`` ship.
+Each file's batch-1 latency is timed against ORT fp32 in interleaved rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
-from vision_tfm.export.quantize import quantize_int8
+from vision_tfm.export.openvino import openvino_runner, openvino_version
+from vision_tfm.export.quantize import SMOOTHED, quantize_int8
 from vision_tfm.export.source import load_source
-from vision_tfm.layers.block import Block, PreNorm
-
-
-def smooth(model: nn.Module, calib: torch.Tensor, alpha: float) -> nn.Module:
-    """A copy of ``model`` with each pre-norm block's LayerNorm -> linear channels balanced."""
-    model = copy.deepcopy(model).eval()
-    pairs = [
-        (norm, lin)
-        for b in model.modules()
-        if isinstance(b, Block) and b.place is PreNorm
-        for norm, lin in ((b.norm1, b.attn.qkv), (b.norm2, b.mlp.fc1))
-        if isinstance(norm, nn.LayerNorm) and norm.elementwise_affine and norm.bias is not None
-    ]
-    amax: dict[nn.Module, torch.Tensor] = {}
-
-    def record(lin: nn.Module, args: tuple) -> None:
-        a = args[0].detach().abs().flatten(0, -2).amax(0)
-        amax[lin] = torch.maximum(amax[lin], a) if lin in amax else a
-
-    hooks = [lin.register_forward_pre_hook(record) for _, lin in pairs]
-    with torch.inference_mode():
-        for x in calib.split(32):
-            model(x)
-    for h in hooks:
-        h.remove()
-    with torch.no_grad():
-        for norm, lin in pairs:
-            w = lin.weight.abs().amax(0).clamp(min=1e-5)
-            s = amax[lin].clamp(min=1e-5).pow(alpha) / w.pow(1 - alpha)
-            norm.weight.div_(s)
-            norm.bias.div_(s)
-            lin.weight.mul_(s)
-    print(f"smoothed {len(pairs)} LayerNorm -> linear pairs (alpha {alpha})")
-    return model
 
 
 def main() -> None:
@@ -92,26 +52,36 @@ def main() -> None:
         f"fp32 PyTorch: top-1 {ref.metric:.4f} on {len(top1)} val images, "
         f"{len(set(top1.tolist()))} distinct top-1 classes"
     )
-    smoothed = smooth(src.model, calib, a.alpha)
-    with torch.inference_mode():
-        x = torch.cat([b[0] for b in val[:2]])
-        drift = (smoothed(x) - src.model(x)).abs().max().item()
-    print(f"smoothed fp32 vs fp32: max abs logit diff {drift:.2e}")
     example = val[0][0][:1]
+    variants = [  # (mode, alpha, per-channel weights)
+        ("dynamic", 0.0, False),
+        ("dynamic", 0.0, True),
+        ("dynamic", a.alpha, False),
+        ("dynamic", a.alpha, True),
+        ("static", 0.0, True),
+        ("static", a.alpha, True),
+    ]
+    if openvino_version() is not None:
+        variants += [("openvino", 0.0, True), ("openvino", a.alpha, True)]
     with tempfile.TemporaryDirectory() as tmp:
-        fp32 = {"plain": Path(tmp) / "fp32.onnx", "smoothed": Path(tmp) / "smoothed.onnx"}
-        export_onnx(src.model, example, fp32["plain"], output_names=["logits"])
-        export_onnx(smoothed, example, fp32["smoothed"], output_names=["logits"])
-        runners = {"onnx fp32": ort_runner(ort_session(fp32["plain"], a.threads))}
-        for name, weights, pc in (
-            ("shipped", "plain", False),
-            ("per-channel", "plain", True),
-            ("smoothed", "smoothed", False),
-            ("smoothed + per-channel", "smoothed", True),
-        ):
+        fp32 = Path(tmp) / "fp32.onnx"
+        export_onnx(src.model, example, fp32, output_names=["logits"])
+        runners = {"onnx fp32": ort_runner(ort_session(fp32, a.threads))}
+        for mode, alpha, pc in variants:
             path = Path(tmp) / f"{len(runners)}.onnx"
-            quantize_int8(fp32[weights], path, "dynamic", per_channel=pc)
-            runners[name] = ort_runner(ort_session(path, a.threads))
+            quantize_int8(fp32, path, mode, calib, smooth=alpha, per_channel=pc)
+            default = alpha == SMOOTHED.get(mode, 0.0) and pc
+            name = (
+                f"{mode}, {'per-channel' if pc else 'per-tensor'} weights, "
+                f"{f'SmoothQuant {alpha:g}' if alpha else 'no smoothing'}"
+                + (" (default)" if default else "")
+            )
+            run = (
+                openvino_runner(path, a.threads)[0]
+                if mode == "openvino"
+                else ort_runner(ort_session(path, a.threads))
+            )
+            runners[name] = run
         times: dict[str, list[float]] = {k: [] for k in runners}
         for run in runners.values():
             for _ in range(5):
@@ -124,7 +94,7 @@ def main() -> None:
                 times[k].append((time.perf_counter() - t) / 5)
         base = statistics.median(times["onnx fp32"])
         print(
-            "\n| int8-dynamic variant | top-1 | top-1 agree | max abs diff | b1 ms | "
+            "\n| int8 variant | top-1 | top-1 agree | max abs diff | b1 ms | "
             "speed vs ORT fp32 |\n|---|---|---|---|---|---|"
         )
         for k, run in runners.items():

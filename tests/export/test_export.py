@@ -153,7 +153,7 @@ def test_dynamic_int8_weight_scales_per_tensor_or_per_output_channel(tmp_path: P
     export_onnx(model.eval(), x, fp32, output_names=["y"])
     for per_channel, shapes in ((False, [(), ()]), (True, [(16,), (4,)])):
         out = tmp_path / f"int8-{per_channel}.onnx"
-        quantize_int8(fp32, out, "dynamic", per_channel=per_channel)
+        quantize_int8(fp32, out, "dynamic", torch.randn(8, 8), per_channel=per_channel)
         g = onnx.load(str(out)).graph
         weights = [i for i in g.initializer if i.name.endswith("_scale")]
         scales = [numpy_helper.to_array(i).shape for i in weights]
@@ -184,7 +184,12 @@ def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
         assert 0.0 <= q["top1_agreement"] <= 1.0 and q["val_images"] == 128
         assert q["metric_delta"] == pytest.approx(q["top1"] - q["top1_fp32"])
         assert q["size_mb"] < meta["size_mb"]
-    assert json.loads((d / "model-int8-static.json").read_text())["calibration"]["images"] == 32
+    calibration = {
+        m: json.loads((d / f"model-int8-{m}.json").read_text())["calibration"]
+        for m in ("dynamic", "static")
+    }
+    assert calibration["dynamic"] == {"data": "train split", "images": 32, "smoothquant_alpha": 0.5}
+    assert calibration["static"]["images"] == 32 and calibration["static"]["smoothquant_alpha"] == 0
 
 
 def test_exported_model_runs_at_a_new_size_on_real_digits(vit_export: Path) -> None:
@@ -382,22 +387,24 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
         vtfm(*args)
     out, err = capsys.readouterr()
     assert e.value.code == 1
-    assert_names(err.strip().splitlines()[-1], "onnx-int8-static")  # the format that failed
+    # every int8 format calibrates, so both fail; the line names them
+    assert_names(err.strip().splitlines()[-1], "onnx-int8-dynamic", "onnx-int8-static")
     assert "| format | status | size MB | peak RSS MB | top1 |" in out
     rows = list(csv.DictReader((tmp_path / "b" / "benchmark.csv").open()))
     assert tuple(rows[0]) == COLUMNS and [r["format"] for r in rows] == formats.split(",")
     status = {r["format"]: r["status"] for r in rows}
-    assert status["onnx-int8-static"].startswith("failed: ValueError")
-    assert_names(status["onnx-int8-static"], empty)  # the calibration folder without images
-    for r in rows[:4]:
+    for fmt in ("onnx-int8-dynamic", "onnx-int8-static"):
+        assert status[fmt].startswith("failed: ValueError")
+        assert_names(status[fmt], empty)  # the calibration folder without images
+    for r in rows[:3]:
         assert r["status"] == "ok", r
         assert float(r["latency_median_ms"]) <= float(r["latency_p90_ms"])
         assert float(r["throughput_img_s"]) > 0 and float(r["size_mb"]) > 0
         assert r["threads"] == "1" and float(r["gflops"]) > 0
     # each format's peak in its own process: onnxruntime's never holds torch (~10x more)
-    rss = {r["format"]: float(r["peak_rss_mb"]) for r in rows[:4]}
-    assert 0 < 2 * max(rss["onnx"], rss["onnx-int8-dynamic"]) < min(rss["torch"], rss["torch-bf16"])
-    assert rows[4]["peak_rss_mb"] == ""  # the failed format ran nowhere
+    rss = {r["format"]: float(r["peak_rss_mb"]) for r in rows[:3]}
+    assert 0 < 2 * rss["onnx"] < min(rss["torch"], rss["torch-bf16"])
+    assert rows[3]["peak_rss_mb"] == rows[4]["peak_rss_mb"] == ""  # failed formats ran nowhere
     assert float(rows[2]["max_abs_diff"]) <= 1e-4  # fp32 onnx vs PyTorch
     result = json.loads((tmp_path / "b" / "benchmark.json").read_text())
     assert result["val_images"] == 64 and result["metric_name"] == "top1"
@@ -411,7 +418,7 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert_names(err, tmp_path / "b", "--overwrite")
     kept = json.loads((tmp_path / "k" / "model-opset18.json").read_text())
     assert kept["format"] == "onnx" and kept["opset"] == 18 and kept["preprocess"]
-    assert json.loads((tmp_path / "k" / "onnx-int8-dynamic.json").read_text())["file"]
+    assert not list((tmp_path / "k").glob("*int8*"))  # a failed format keeps no file
     err = fail(capsys, *args[:-6], "--out", tmp_path / "b2", *args[-4:])
     assert_names(err, "--keep-exports", tmp_path / "k", "--overwrite")
 
@@ -465,7 +472,8 @@ def test_openvino_int8_export_writes_the_layout_openvino_runs(
     assert done.returncode == 0, done.stderr[-2000:]
     q = json.loads((tmp_path / "m-int8-openvino.json").read_text())
     assert q["format"] == "openvino-int8" and q["file"] == "m-int8-openvino.onnx"
-    assert q["calibration"] == {"data": "train split", "images": 32} and q["val_images"] == 128
+    assert q["calibration"] == {"data": "train split", "images": 32, "smoothquant_alpha": 0.0}
+    assert q["val_images"] == 128
     assert q["top1_agreement"] >= 0.9 and abs(q["metric_delta"]) <= 0.05
     assert q["size_mb"] < json.loads(out.with_suffix(".json").read_text())["size_mb"]
     assert "int8 openvino: top1" in done.stdout

@@ -50,7 +50,7 @@ from .onnx import (
     size_mb,
 )
 from .openvino import openvino_runner, openvino_version
-from .quantize import CALIBRATED, INT8_FORMATS, calibration_images, quantize_int8
+from .quantize import INT8_FORMATS, calibration_images, quantize_int8
 from .source import ExportSource, Runner, load_source, max_abs_diff, model_source
 
 FORMATS = (
@@ -211,6 +211,7 @@ class _Formats:
         self.source, self.opts, self.workdir = source, opts, workdir
         self.exports: dict[int, tuple[Path, str] | Exception] = {}
         self.files: dict[str, tuple[Path, int]] = {}  # format -> the ONNX file it ran, opset
+        self.calib: torch.Tensor | None = None  # drawn once, shared by the int8 formats
 
     def describe_files(self) -> None:
         """A JSON beside each ONNX file (as ``vtfm export`` writes), for exports kept."""
@@ -241,11 +242,9 @@ class _Formats:
         if fmt in INT8_FORMATS:
             fp32, _ = self.onnx(self.opts.opset)
             path = self.workdir / f"{fmt}.onnx"
-            mode = INT8_FORMATS[fmt]
-            calib = None
-            if mode in CALIBRATED:
-                calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
-            quantize_int8(fp32, path, mode, calib)
+            if self.calib is None:
+                self.calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
+            quantize_int8(fp32, path, INT8_FORMATS[fmt], self.calib)
             self.files[fmt] = path, self.opts.opset
             if fmt.startswith("openvino"):  # the int8 layers run int8; the rest fp32, not bf16
                 return openvino_runner(path, threads)[0], "ok", size_mb(path)
@@ -450,9 +449,8 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"labels; agreement and max abs diff ({outputs}) are against fp32 PyTorch on them, "
             f"where {spread}"
         )
-        static = any(INT8_FORMATS.get(r["format"]) in CALIBRATED for r in result["rows"])
-        if static and not s["calib_data"]:
-            what += " (and static int8 is calibrated on them: pass --calib-data to keep apart)"
+        if any(r["format"] in INT8_FORMATS for r in result["rows"]) and not s["calib_data"]:
+            what += " (and int8 is calibrated on them: pass --calib-data to keep them apart)"
     if grasp:
         what += (
             "; top grasp agree: the view's best grasp is on fp32 PyTorch's peak pixel with the "

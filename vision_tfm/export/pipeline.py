@@ -33,7 +33,7 @@ from .onnx import (
     staging_dir,
 )
 from .openvino import openvino_runner, openvino_version
-from .quantize import CALIBRATED, INT8_FORMATS, INT8_MODES, calibration_images, quantize_int8
+from .quantize import INT8_FORMATS, INT8_MODES, SMOOTHED, calibration_images, quantize_int8
 from .source import ExportSource, load_source
 
 
@@ -124,7 +124,7 @@ def export_checkpoint(
     dynamic = parse_dynamic(opts.dynamic)
     source = load_source(checkpoint, opts.ema, opts.data)
     calib = None
-    if set(opts.int8) & set(CALIBRATED):  # before the export: bad calibration data fails fast
+    if opts.int8:  # before the export: bad calibration data fails fast
         calib = calibration_images(source, opts.calib_data, opts.calib_size)
     size = tuple(opts.img_size or source.img_size)
     if source.task == "grasp" and size != source.img_size and opts.int8:
@@ -235,11 +235,10 @@ def _quantise(
             "val_images": len(ev.outputs[0]),
             "size_mb": size_mb(q),
             # the folder's name only: the JSON ships with the model, a path would leak the machine
-            "calibration": None
-            if mode == "dynamic"
-            else {
+            "calibration": {
                 "data": Path(opts.calib_data).name if opts.calib_data else "train split",
                 "images": len(calib),
+                "smoothquant_alpha": SMOOTHED.get(mode, 0.0),
             },
         }
         agree = r["top1_agreement"]

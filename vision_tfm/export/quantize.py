@@ -2,8 +2,9 @@
 and static QDQ, in the layout onnxruntime runs fast or the one OpenVINO runs fast.
 
 All start from ``quant_pre_process`` (symbolic shape inference and graph fusions), which
-lets the quantiser see through the exporter's shape arithmetic. Static quantisation
-calibrates activation ranges on real images (:func:`calibration_images`).
+lets the quantiser see through the exporter's shape arithmetic. Every mode calibrates on real
+images (:func:`calibration_images`): static modes for their activation ranges, dynamic for
+SmoothQuant's channel balancing (:mod:`.smoothing`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
+from .smoothing import SMOOTH_ALPHA, smooth_onnx
 from .source import INPUT_NAME, ExportSource
 
 INT8_MODES = ("dynamic", "static", "openvino")
-CALIBRATED = ("static", "openvino")  # the modes that need calibration images
 # benchmark / metadata format name -> mode; the openvino file runs in OpenVINO
 INT8_FORMATS = {
     "onnx-int8-dynamic": "dynamic",
@@ -41,6 +42,9 @@ INT8_FORMATS = {
 }
 DYNAMIC_OPS = ("MatMul",)
 STATIC_OPS = ("MatMul", "Gemm", "Conv")
+# SmoothQuant alpha per mode: dynamic int8 scales a LayerNorm output per tensor at run time,
+# so its outlier channels cost the most there (benchmarks/int8_smoothing.py)
+SMOOTHED = {"dynamic": SMOOTH_ALPHA}
 STATIC_LAYOUTS: dict[str, dict] = {
     # onnxruntime: u8 activations x s8 weights is its fast VNNI path on x86 CPUs.
     "static": {"activation_type": QuantType.QUInt8, "extra_options": {}},
@@ -106,24 +110,29 @@ def quantize_int8(
     fp32_path: str | Path,
     out_path: str | Path,
     mode: str,
-    calib: torch.Tensor | None = None,
-    per_channel: bool = False,
+    calib: torch.Tensor,
+    *,
+    smooth: float | None = None,
+    per_channel: bool = True,
 ) -> None:
     """Quantise an fp32 ONNX file to int8 with onnxruntime.
 
     Args:
         fp32_path: The exported fp32 model (its ``.data`` file beside it).
         out_path: Where to write the int8 model (a single file: int8 weights are small).
-        mode: "dynamic" (no calibration), "static" (QDQ, per-channel weights, for
-            onnxruntime) or "openvino" (the same, laid out for OpenVINO: ``STATIC_LAYOUTS``).
-        calib: Preprocessed calibration images; required for the ``CALIBRATED`` modes.
-        per_channel: "dynamic" with one weight scale per output channel instead of one per
-            tensor (the static modes always have them); see ``benchmarks/int8_smoothing.py``.
+        mode: "dynamic" (activations scaled per call), "static" (QDQ, for onnxruntime) or
+            "openvino" (the same, laid out for OpenVINO: ``STATIC_LAYOUTS``).
+        calib: Preprocessed calibration images, for SmoothQuant's ``max|x|`` and the static
+            modes' activation ranges.
+        smooth: SmoothQuant's alpha; None: the mode's default (``SMOOTHED``), 0: off.
+        per_channel: One weight scale per output channel instead of one per tensor.
+        See ``benchmarks/int8_smoothing.py`` for what each costs and buys.
     """
     if mode not in INT8_MODES:
         raise ValueError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
-    if mode in CALIBRATED and (calib is None or len(calib) == 0):
+    if calib is None or len(calib) == 0:
         raise ValueError(f"{mode} int8 needs calibration images")
+    alpha = SMOOTHED.get(mode, 0.0) if smooth is None else smooth
     fp32_path, out_path = Path(fp32_path).resolve(), Path(out_path).resolve()
     with tempfile.TemporaryDirectory() as tmp, _quiet(), _inside(tmp):
         pre = Path(tmp) / "pre.onnx"
@@ -138,6 +147,11 @@ def quantize_int8(
             # ORT's symbolic shape inference gives up on some dynamic-H/W shape arithmetic
             # (symbolic padding, resampling); ONNX shape inference alone is enough to quantise.
             quant_pre_process(str(single), str(pre), skip_symbolic_shape=True)
+        reader = TensorCalibrationReader(calib, batch_size=batch)
+        if alpha:
+            balanced = onnx.load(str(pre))
+            smooth_onnx(balanced, reader.batches, alpha)
+            onnx.save(balanced, str(pre))
         if mode == "dynamic":
             # Weight MatMuls only: ORT's dynamic ConvInteger is slower than its fp32 Conv, it has
             # no dynamic Gemm, and attention's q@k / attn@v would quantise two activations.
@@ -154,9 +168,9 @@ def quantize_int8(
             quantize_static(
                 str(pre),
                 str(out_path),
-                TensorCalibrationReader(calib, batch_size=batch),
+                reader,
                 quant_format=QuantFormat.QDQ,
-                per_channel=True,
+                per_channel=per_channel,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,
                 op_types_to_quantize=list(STATIC_OPS),

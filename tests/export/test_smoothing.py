@@ -1,0 +1,125 @@
+"""SmoothQuant on the exported graph: which norms it balances, that fp32 is unchanged, and
+that dynamic int8 keeps more of a model whose norms have outlier channels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import vision_tfm as vt
+from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
+from vision_tfm.export.quantize import quantize_int8
+from vision_tfm.export.smoothing import balanceable_norms, smooth_onnx
+from vision_tfm.export.source import INPUT_NAME
+from vision_tfm.layers.block import Block
+from vision_tfm.models.swin import PatchMerging
+
+TINY = {
+    "vit_mnist": ({"embed_dim": 16, "depth": 2, "num_heads": 2, "patch_size": 7}, (1, 28, 28)),
+    # 20x20 tokens pad to 24x24 windows: padding, roll and partition sit between norm and qkv
+    "swin_mnist": (
+        {"embed_dim": 8, "depths": [2, 2], "num_heads": [1, 2], "window_size": 6},
+        (1, 80, 80),
+    ),
+    "grasp_hybrid_t": (
+        {"stem_chs": [8, 8], "stem_depths": [0, 1], "embed_dim": 16, "depth": 2, "num_heads": 2},
+        (4, 64, 64),
+    ),
+}
+
+
+def outlier_model(name: str, gain: float = 30.0, **kw) -> nn.Module:
+    """A tiny model whose pre-norm outputs have two loud channels, as trained ViTs do."""
+    torch.manual_seed(0)
+    model = vt.create_model(name, **{**TINY[name][0], **kw}).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.normal_(1.0, 0.1)[:2].mul_(gain)
+                m.bias.normal_(0.0, 0.1)
+    return model
+
+
+def expected_norms(model: nn.Module) -> int:
+    """Each pre-norm block's two norms, and each Swin patch merging's norm."""
+    blocks = sum(isinstance(m, Block) for m in model.modules())
+    return 2 * blocks + sum(isinstance(m, PatchMerging) for m in model.modules())
+
+
+def export(model: nn.Module, shape: tuple[int, ...], path: Path, dynamic: frozenset) -> Path:
+    example = torch.randn(2, *shape)
+    out = model(example)
+    names = list(out) if isinstance(out, dict) else ["logits"]  # grasp maps come as a dict
+    export_onnx(model, example, path, output_names=names, dynamic=dynamic)
+    return path
+
+
+def channel_spread(graph: onnx.ModelProto, norms: list[str], x: np.ndarray, path: Path) -> float:
+    """The largest ratio, over the norms, of the loudest channel's max|x| to the median's."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(graph)
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in norms)
+    onnx.save(probe, str(path))
+    ratios = []
+    for out in ort_session(path).run(norms, {INPUT_NAME: x}):
+        amax = np.abs(out).reshape(-1, out.shape[-1]).max(0)
+        ratios.append(amax.max() / np.median(amax))
+    return float(max(ratios))
+
+
+@pytest.mark.parametrize(
+    ("name", "dynamic"),
+    [
+        ("vit_mnist", "batch,hw"),
+        ("swin_mnist", "batch"),
+        ("swin_mnist", "batch,hw"),
+        ("grasp_hybrid_t", "batch"),
+    ],
+)
+def test_every_pre_norm_is_balanced_and_the_fp32_function_kept(
+    name: str, dynamic: str, tmp_path: Path
+) -> None:
+    model, shape = outlier_model(name), TINY[name][1]
+    path = export(model, shape, tmp_path / "m.onnx", frozenset(dynamic.split(",")))
+    graph = onnx.load(str(path))
+    norms = balanceable_norms(graph)
+    assert len(norms) == expected_norms(model) > 0
+    torch.manual_seed(1)
+    x = torch.randn(4, *shape)
+    before = ort_runner(ort_session(path))(x)
+    spread = channel_spread(graph, norms, x.numpy(), tmp_path / "probe.onnx")
+    assert smooth_onnx(graph, [{INPUT_NAME: x.numpy()}], alpha=0.5) == len(norms)
+    onnx.save(graph, str(tmp_path / "s.onnx"))
+    after = ort_runner(ort_session(tmp_path / "s.onnx"))(x)
+    for a, b in zip(before, after, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    # the loud channels are quieter: max|x| per channel of a balanced norm's output is flatter
+    assert channel_spread(graph, norms, x.numpy(), tmp_path / "probe.onnx") < spread / 3
+
+
+def test_a_norm_that_feeds_a_residual_is_left_alone(tmp_path: Path) -> None:
+    """Post-norm blocks: every norm's output is also the next residual, so none is balanced."""
+    model = outlier_model("vit_mnist", norm_place="post")
+    graph = onnx.load(str(export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))))
+    assert balanceable_norms(graph) == []
+    x = torch.randn(2, 1, 28, 28).numpy()
+    assert smooth_onnx(graph, [{INPUT_NAME: x}]) == 0
+
+
+def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: Path) -> None:
+    model = outlier_model("vit_mnist", gain=100.0)
+    fp32 = export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))
+    torch.manual_seed(2)
+    calib, x = torch.randn(32, 1, 28, 28), torch.randn(64, 1, 28, 28)
+    ref = model(x).detach()
+    err = {}
+    for alpha in (0.0, 0.5):
+        out = tmp_path / f"int8-{alpha}.onnx"
+        quantize_int8(fp32, out, "dynamic", calib, smooth=alpha)
+        err[alpha] = (ort_runner(ort_session(out))(x)[0] - ref).abs().mean().item()
+    assert err[0.5] < 0.75 * err[0.0], err
