@@ -144,13 +144,13 @@ class DetectionTask:
         self.batch_size = cfg.det.batch_size
         self.views = (train, val)
 
-    def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
+    def build(self, pretrained: bool = True) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         d, m = self.cfg.det, self.cfg.model
         model = build_detector(
             d.kind,
             m.name,
             num_classes=2,  # background + object
-            pretrained=m.pretrained,
+            pretrained=m.pretrained if pretrained else None,
             frozen_stages=d.frozen_stages,
             out_channels=d.out_channels,
             min_size=d.min_size,

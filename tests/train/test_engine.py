@@ -132,6 +132,23 @@ def test_resume_with_more_epochs_follows_the_longer_schedule(tmp_path, capsys):
     assert lrs[1] > 10 * resumed.cfg.sched.min_lr  # not stuck at the old schedule's floor
 
 
+def test_resuming_a_fine_tune_needs_not_the_weights_it_started_from(tmp_path):
+    """The checkpoint holds the weights: resume on a machine where model.pretrained's file is
+    gone (or its download unreachable) continues, and the saved config still names it."""
+    start, _ = run(tiny_cfg(tmp_path / "start", **{"sched.epochs": 1}))
+    weights = tmp_path / "start.pt"
+    weights.write_bytes((start.run_dir / "last.pt").read_bytes())
+    tuned = {"model.pretrained": str(weights)}
+    part, _ = run(tiny_cfg(tmp_path / "tune", **tuned, **{"run.stop_after": 1}))
+    weights.unlink()
+    resumed, _ = run(tiny_cfg(tmp_path / "tune", **tuned), part.run_dir / "last.pt")
+    assert resumed.run_dir == part.run_dir and [r["epoch"] for r in resumed.history] == [1, 2]
+    ck = load_checkpoint(part.run_dir / "last.pt")
+    assert ck["state"]["epoch"] == 2 and ck["config"]["model"]["pretrained"] == str(weights)
+    with raises_naming(FileNotFoundError, weights):  # a fresh run still needs them
+        run(tiny_cfg(tmp_path / "fresh", **tuned))
+
+
 def test_checkpoint_contents_and_outputs(tmp_path, capsys):
     trainer, metrics = run(
         tiny_cfg(

@@ -46,7 +46,7 @@ class ClsConfig:
 
 
 def build_cls_model(
-    model_cfg: ModelConfig, num_classes: int, in_chans: int, img_size: int
+    model_cfg: ModelConfig, num_classes: int, in_chans: int, img_size: int, pretrained: bool = True
 ) -> nn.Module:
     """Create the registered model with the data's class count, channels and size."""
     entry = get_model_entry(model_cfg.name)
@@ -58,7 +58,7 @@ def build_cls_model(
     kw: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_chans}
     if hasattr(entry.cfg, "img_size"):
         kw["img_size"] = img_size
-    return model_cfg.create(**kw)
+    return model_cfg.create(pretrained, **kw)
 
 
 def _build_for_meta(cfg: ClsConfig, meta: dict[str, Any]) -> nn.Module:
@@ -77,10 +77,12 @@ class ClassificationTask:
         self.data = None
         self.mixup = None
 
-    def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
+    def build(self, pretrained: bool = True) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         cfg = self.cfg
         self.data = data = build_cls_datasets(cfg.data, cfg.aug)
-        model = build_cls_model(cfg.model, data.num_classes, data.in_chans, cfg.data.img_size)
+        model = build_cls_model(
+            cfg.model, data.num_classes, data.in_chans, cfg.data.img_size, pretrained
+        )
         a = cfg.aug
         if a.mixup > 0 or a.cutmix > 0:
             self.mixup = Mixup(

@@ -56,11 +56,15 @@ class ModelConfig:
 
         return weights_source(self.pretrained)
 
-    def create(self, **defaults: Any) -> Any:
-        """The model: ``defaults`` (from the data), then ``kwargs``, weights, checkpointing."""
+    def create(self, pretrained: bool = True, **defaults: Any) -> Any:
+        """The model: ``defaults`` (from the data), then ``kwargs``, weights, checkpointing.
+
+        ``pretrained=False`` skips the starting weights: a resumed run restores its own, and
+        must not need their file, or the network, again.
+        """
         from ..models import create_model
 
-        pretrained, path = self.weights()
+        pretrained, path = self.weights() if pretrained else (False, None)
         model = create_model(
             self.name, pretrained=pretrained, checkpoint_path=path, **{**defaults, **self.kwargs}
         )

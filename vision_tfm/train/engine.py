@@ -104,8 +104,9 @@ class Task(Protocol):
     batch_size: int
     num_workers: int
 
-    def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
-        """Model, train and val datasets, and metadata stored in every checkpoint."""
+    def build(self, pretrained: bool = True) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
+        """Model, train and val datasets, and metadata stored in every checkpoint;
+        ``pretrained=False``: without the configured starting weights (a resume has its own)."""
 
     def collate(self, batch: list) -> Any:
         """Collate samples into a batch (``default_collate`` for classification)."""
@@ -314,7 +315,9 @@ class Trainer:
         self.ckpt = load_checkpoint(self.resume_path, resume=True) if self.resume_path else None
         if self.ckpt is not None:
             self._check_weights()
-        model, self.train_ds, self.val_ds, self.meta = self.task.build()
+        # a resumed run restores its weights: the ones it started from are not read again
+        built = self.task.build(pretrained=self.ckpt is None)
+        model, self.train_ds, self.val_ds, self.meta = built
         self.meta["weights"] = "ema" if cfg.ema.enabled else "model"  # what the run ships
         self.tracked = f"ema_{self.task.metric}" if cfg.ema.enabled else self.task.metric
         if self.ckpt is not None:

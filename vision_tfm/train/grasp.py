@@ -260,9 +260,9 @@ class GraspConfig:
             )
 
 
-def build_grasp_model(cfg: GraspConfig) -> nn.Module:
+def build_grasp_model(cfg: GraspConfig, pretrained: bool = True) -> nn.Module:
     """The registered grasp model with channels from the configured input."""
-    return cfg.model.create(in_chans=IN_CHANS[cfg.data.input])
+    return cfg.model.create(pretrained, in_chans=IN_CHANS[cfg.data.input])
 
 
 class GraspTask:
@@ -278,7 +278,7 @@ class GraspTask:
         self.val_gt: GraspDataset | None = None
         self._gt: tuple[DataLoader, DataLoader] | None = None  # (val loader, its GG-CNN twin)
 
-    def build(self) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
+    def build(self, pretrained: bool = True) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         d, seed = self.cfg.data, self.cfg.run.seed
         aug: GraspAugment | bool = False
         if d.augment:
@@ -288,7 +288,7 @@ class GraspTask:
             d, seed, augment=aug, train_crop=d.train_crop, repeat=d.repeat, cache=d.cache
         )
         self.val_gt = val.recropped("grasps")
-        model = build_grasp_model(self.cfg)
+        model = build_grasp_model(self.cfg, pretrained)
         meta = {
             "task": "grasp",
             "model_name": self.cfg.model.name,
