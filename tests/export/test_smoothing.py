@@ -123,3 +123,43 @@ def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: P
         quantize_int8(fp32, out, "dynamic", calib, smooth=alpha)
         err[alpha] = (ort_runner(ort_session(out))(x)[0] - ref).abs().mean().item()
     assert err[0.5] < 0.75 * err[0.0], err
+
+
+def ln_transpose_matmul(perm: list[int]) -> onnx.ModelProto:
+    """x (2, 4, 4) -> LayerNorm over the last axis -> Transpose(perm) -> @ W (4, 3)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.uniform(0.5, 8, 4).astype(np.float32), "scale"),
+        numpy_helper.from_array(rng.normal(0, 1, 4).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.normal(0, 1, (4, 3)).astype(np.float32), "w"),
+    ]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["n"], axis=-1),
+        helper.make_node("Transpose", ["n"], ["t"], perm=perm),
+        helper.make_node("MatMul", ["t", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_only_ops_that_keep_the_channel_axis_are_walked_through(monkeypatch) -> None:
+    """A transpose of the leading axes passes a channel scale through; one that moves the
+    channel axis does not, and if a wrong rule let it through the self-check refuses."""
+    import vision_tfm.export.smoothing as smoothing
+
+    x = np.random.default_rng(1).normal(0, 1, (2, 4, 4)).astype(np.float32)
+    assert balanceable_norms(ln_transpose_matmul([1, 0, 2])) == ["n"]
+    assert smooth_onnx(ln_transpose_matmul([1, 0, 2]), [{"x": x}]) == 1  # self-checked exact
+    moved = ln_transpose_matmul([0, 2, 1])
+    assert balanceable_norms(moved) == []
+    monkeypatch.setattr(smoothing, "_keeps_channels", lambda *a: True)
+    with pytest.raises(RuntimeError, match="changed fp32 output 'y'"):
+        smooth_onnx(moved, [{"x": x}])
