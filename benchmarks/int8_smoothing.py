@@ -111,7 +111,7 @@ def main() -> None:
         )
         for k, run in runners.items():
             ev = src.evaluate(run, val)
-            agree = (ev.outputs[0].argmax(1) == top1).float().mean().item()
+            agree = ev.top1_agreement(ref)
             diff = (ev.outputs[0] - ref.outputs[0]).abs().max().item()
             ms = statistics.median(times[k])
             print(
@@ -126,7 +126,7 @@ def main() -> None:
                 path = Path(tmp) / f"seed{seed}.onnx"
                 quantize_int8(fp32, path, "dynamic", draw)
                 ev = src.evaluate(ort_runner(ort_session(path, a.threads)), val)
-                draws.append((ev.outputs[0].argmax(1) == top1).float().mean().item())
+                draws.append(ev.top1_agreement(ref))
                 print(f"  seed {seed}: top-1 {ev.metric:.4f}, top-1 agree {draws[-1]:.4f}")
             spread = statistics.stdev(draws) if len(draws) > 1 else 0.0
             print(

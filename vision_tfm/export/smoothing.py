@@ -33,7 +33,6 @@ class _Norm:
     """One LayerNormalization node, the tensors carrying its channels, and the MatMuls fed."""
 
     node: onnx.NodeProto
-    channels: int
     carried: set[str] = field(default_factory=set)
     matmuls: list[onnx.NodeProto] = field(default_factory=list)
 
@@ -171,7 +170,7 @@ def _trace(g: _Graph, node: onnx.NodeProto) -> _Norm | None:
     channels = g.inits[scale].dims[0] if len(g.inits[scale].dims) == 1 else 0
     if not channels:
         return None
-    norm = _Norm(node, channels, carried={node.output[0]})
+    norm = _Norm(node, carried={node.output[0]})
     todo = [node.output[0]]
     if node.output[0] in g.outputs:
         return None
@@ -210,11 +209,14 @@ def _session(model: onnx.ModelProto) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+def _balanceable(g: _Graph) -> list[_Norm]:
+    traced = (_trace(g, n) for n in g.graph.node if n.op_type == "LayerNormalization")
+    return [n for n in traced if n is not None]
+
+
 def balanceable_norms(model: onnx.ModelProto) -> list[str]:
     """Output names of the LayerNormalization nodes :func:`smooth_onnx` would balance."""
-    g = _Graph(model)
-    found = (_trace(g, n) for n in g.graph.node if n.op_type == "LayerNormalization")
-    return [n.node.output[0] for n in found if n is not None]
+    return [n.node.output[0] for n in _balanceable(_Graph(model))]
 
 
 def smooth_onnx(
@@ -229,8 +231,7 @@ def smooth_onnx(
         alpha: How much of the activation range moves into the weights (0: none, 1: all).
     """
     g = _Graph(model)
-    traced = (_trace(g, n) for n in g.graph.node if n.op_type == "LayerNormalization")
-    norms = [n for n in traced if n is not None]
+    norms = _balanceable(g)
     if not norms:
         return 0
     names = [n.node.output[0] for n in norms]

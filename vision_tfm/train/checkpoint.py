@@ -13,7 +13,6 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -169,17 +168,16 @@ def build_for_weights(
 def checkpoint_builder(
     ckpt: dict[str, Any],
     default: T,
-    build: Callable[[T, dict[str, Any]], nn.Module],
+    build: Callable[[T, dict[str, Any], bool], nn.Module],
     source: str = "checkpoint",
 ) -> tuple[Callable[[], nn.Module], T]:
     """What rebuilds a checkpoint's model, uncalled so that it can run on the meta device,
-    and the checkpoint's config over ``default``; ``build(cfg, meta)`` makes the model."""
+    and the checkpoint's config over ``default``; ``build(cfg, meta, pretrained)`` makes the
+    model, here with ``pretrained=False``: the checkpoint's weights replace those training
+    started from, so the rebuild must not read or download them, nor need their file."""
     check_meta(ckpt["meta"], source)
     cfg = apply_overrides(default, ckpt["config"])
-    # the checkpoint's weights replace those training started from (model.pretrained): the
-    # rebuild must not read or download them again, nor need their file on this machine
-    bare = replace(cfg, model=replace(cfg.model, pretrained=""))
-    return lambda: build(bare, ckpt["meta"]), cfg
+    return lambda: build(cfg, ckpt["meta"], False), cfg
 
 
 def restore_model(

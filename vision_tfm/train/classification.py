@@ -61,8 +61,10 @@ def build_cls_model(
     return model_cfg.create(pretrained, **kw)
 
 
-def _build_for_meta(cfg: ClsConfig, meta: dict[str, Any]) -> nn.Module:
-    return build_cls_model(cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"])
+def _build_for_meta(cfg: ClsConfig, meta: dict[str, Any], pretrained: bool) -> nn.Module:
+    return build_cls_model(
+        cfg.model, meta["num_classes"], meta["in_chans"], meta["img_size"], pretrained
+    )
 
 
 class ClassificationTask:

@@ -311,7 +311,10 @@ class GraspTask:
     ) -> tuple[Callable[[], nn.Module], GraspConfig]:
         """Rebuilds ``ckpt``'s grasp model (the engine checks a resumed checkpoint with it)."""
         return checkpoint_builder(
-            ckpt, GraspConfig(), lambda cfg, _: build_grasp_model(cfg), source
+            ckpt,
+            GraspConfig(),
+            lambda cfg, _, pretrained: build_grasp_model(cfg, pretrained),
+            source,
         )
 
     def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
