@@ -1,20 +1,22 @@
-"""Does int8 keep a trained classifier's top-1? SmoothQuant and weight scales, measured.
+"""Does int8 keep a trained classifier's top-1? SmoothQuant, weight scales and fp32 scores.
 
     python benchmarks/int8_smoothing.py --checkpoint runs/cls/vit_small_patch16_224-.../best.pt
 
 Dynamic int8 (onnxruntime's ``quantize_dynamic``, the ``onnx-int8-dynamic`` format) quantises
-each MatMul's input per tensor at run time. A LayerNorm output whose channels differ widely in
-range loses its small channels to the large ones' step. This script scores, against fp32
-PyTorch on the checkpoint's val images, each int8 mode with and without:
+each MatMul's input per tensor at run time. This script scores, against fp32 PyTorch on the
+checkpoint's val images, each int8 mode with and without:
 
 - per-channel weights: one weight scale per output channel (static modes always have them);
-- SmoothQuant: channel balancing (Xiao et al. 2023, ``vision_tfm.export.smoothing``) with
-  ``--alpha`` (the paper's 0.5); ``max|x|`` comes from training images, never from the
-  scored ones.
+- SmoothQuant: channel balancing (Xiao et al. 2023, ``vision_tfm.export.smoothing``) at
+  ``--alpha`` (the paper's 0.5) or "auto" (the alpha of ``SMOOTH_ALPHAS`` whose int8 output
+  is nearest fp32 on the calibration images); ``max|x|`` and the choice come from training
+  images, never from the scored ones;
+- fp32 score projections: the MatMuls whose outputs meet in attention's q @ k stay fp32
+  (``score_projections``), because softmax amplifies their rounding.
 
-Every variant is ``vision_tfm.export.quantize.quantize_int8`` with explicit ``smooth`` and
-``per_channel``; the row marked "default" is what ``vtfm export`` / ``vtfm benchmark`` ship.
-Each file's batch-1 latency is timed against ORT fp32 in interleaved rounds.
+Every variant is ``vision_tfm.export.quantize.quantize_int8`` with explicit settings; the row
+marked "default" is what ``vtfm export`` / ``vtfm benchmark`` ship (``RECIPES``). Each file's
+batch-1 latency is timed against ORT fp32 in interleaved rounds.
 
 ``--calib-seeds N`` then re-quantises the shipped dynamic variant with N random calibration
 draws, as ``vtfm export`` draws them: an agreement near a target must hold across draws, not
@@ -34,7 +36,7 @@ import torch
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
 from vision_tfm.export.openvino import openvino_runner, openvino_version
-from vision_tfm.export.quantize import SMOOTHED, calibration_images, quantize_int8
+from vision_tfm.export.quantize import RECIPES, calibration_images, quantize_int8
 from vision_tfm.export.source import load_source
 
 
@@ -65,27 +67,40 @@ def main() -> None:
         f"{len(set(top1.tolist()))} distinct top-1 classes"
     )
     example = val[0][0][:1]
-    variants = [  # (mode, alpha, per-channel weights)
-        ("dynamic", 0.0, False),
-        ("dynamic", 0.0, True),
-        ("dynamic", a.alpha, False),
-        ("dynamic", a.alpha, True),
-        ("static", 0.0, True),
-        ("static", a.alpha, True),
+    # (mode, SmoothQuant alpha, per-channel weights, score projections fp32)
+    variants: list[tuple[str, float | str, bool, bool]] = [
+        ("dynamic", 0.0, False, False),
+        ("dynamic", 0.0, True, False),
+        ("dynamic", a.alpha, True, False),
+        ("dynamic", "auto", True, False),
+        ("dynamic", a.alpha, True, True),
+        ("dynamic", "auto", True, True),
+        ("static", 0.0, True, False),
+        ("static", 0.0, True, True),
     ]
     if openvino_version() is not None:
-        variants += [("openvino", 0.0, True), ("openvino", a.alpha, True)]
+        variants += [("openvino", 0.0, True, False), ("openvino", 0.0, True, True)]
     with tempfile.TemporaryDirectory() as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         export_onnx(src.model, example, fp32, output_names=["logits"])
         runners = {"onnx fp32": ort_runner(ort_session(fp32, a.threads))}
-        for mode, alpha, pc in variants:
+        for mode, alpha, pc, scores in variants:
             path = Path(tmp) / f"{len(runners)}.onnx"
-            quantize_int8(fp32, path, mode, calib, smooth=alpha, per_channel=pc)
-            default = alpha == SMOOTHED.get(mode, 0.0) and pc
+            r = quantize_int8(
+                fp32, path, mode, calib, smooth=alpha, per_channel=pc, scores_fp32=scores
+            )
+            recipe = RECIPES[mode]
+            default = (alpha, pc, scores) == (recipe["smooth"], True, recipe["scores_fp32"])
             name = (
                 f"{mode}, {'per-channel' if pc else 'per-tensor'} weights, "
-                f"{f'SmoothQuant {alpha:g}' if alpha else 'no smoothing'}"
+                + (
+                    f"SmoothQuant {alpha} (chose {r.smoothquant_alpha:g})"
+                    if alpha == "auto"
+                    else f"SmoothQuant {alpha:g}"
+                    if alpha
+                    else "no smoothing"
+                )
+                + f", {'scores fp32' if scores else 'all int8'}"
                 + (" (default)" if default else "")
             )
             run = (
@@ -124,10 +139,13 @@ def main() -> None:
             for seed in range(a.calib_seeds):
                 draw = calibration_images(src, None, a.calib_size, seed=seed)
                 path = Path(tmp) / f"seed{seed}.onnx"
-                quantize_int8(fp32, path, "dynamic", draw)
+                r = quantize_int8(fp32, path, "dynamic", draw)
                 ev = src.evaluate(ort_runner(ort_session(path, a.threads)), val)
                 draws.append(ev.top1_agreement(ref))
-                print(f"  seed {seed}: top-1 {ev.metric:.4f}, top-1 agree {draws[-1]:.4f}")
+                print(
+                    f"  seed {seed}: SmoothQuant {r.smoothquant_alpha:g}, top-1 {ev.metric:.4f}, "
+                    f"top-1 agree {draws[-1]:.4f}"
+                )
             spread = statistics.stdev(draws) if len(draws) > 1 else 0.0
             print(
                 f"  top-1 agree over {len(draws)} draws: {statistics.mean(draws):.4f} ± "

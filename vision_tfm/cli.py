@@ -234,6 +234,15 @@ def _add_data(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_int8_scores(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--int8-scores",
+        default="auto",
+        help="attention's q/k projections: auto (dynamic int8 keeps them fp32 for agreement, "
+        "static modes quantise them), fp32, or int8 (the fastest dynamic int8)",
+    )
+
+
 def _add_export(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("export", help="ONNX export (fp32, dynamic shapes, int8) + parity check")
     ex.add_argument("--checkpoint", required=True)
@@ -251,6 +260,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     )
     ex.add_argument("--calib-data", help="images, ImageFolder, CIFAR or MNIST idx folder")
     ex.add_argument("--calib-size", type=int, default=256, help="calibration images")
+    _add_int8_scores(ex)
     ex.add_argument("--atol", type=float, default=1e-4, help="parity tolerance (max abs diff)")
     ex.add_argument("--parity-images", type=int, default=16, help="val images per parity check")
     ex.add_argument("--val-images", type=int, default=0, help="int8 scoring images (0 = all)")
@@ -297,6 +307,7 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm.add_argument("--opset", type=int)
     bm.add_argument("--calib-data")
     bm.add_argument("--calib-size", type=int)
+    _add_int8_scores(bm)
     bm.add_argument("--atol", type=float, help="fp32 parity tolerance (default 1e-4)")
     bm.add_argument("--keep-exports", help="keep the exported files (+ JSON) in this folder")
     bm.add_argument("--overwrite", action="store_true")

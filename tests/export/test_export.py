@@ -20,6 +20,7 @@ from conftest import assert_names
 from vision_tfm.cli import main
 from vision_tfm.config import apply_overrides, config_to_dict
 from vision_tfm.data.config import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
+from vision_tfm.export.quantize import SMOOTH_ALPHAS
 from vision_tfm.train import ClsConfig, atomic_save, build_cls_model
 from vision_tfm.train.grasp import GraspConfig, build_grasp_model
 
@@ -164,6 +165,7 @@ def test_dynamic_int8_weight_scales_per_tensor_or_per_output_channel(tmp_path: P
 
 
 def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
+    modes = ("dynamic", "static")
     d = vit_export
     meta = json.loads((d / "model.json").read_text())
     assert (d / "model.onnx").is_file() and meta["external_data"] == ["model.onnx.data"]
@@ -178,18 +180,23 @@ def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
     assert len(sizes) >= 3 and any(h != w for h, w in sizes)
     assert {c["shape"][0] for c in checks} == {1, 16}  # batch is dynamic too
     assert meta["parity"]["ok"] and all(c["max_abs_diff"] <= 1e-4 for c in checks)
-    for mode in ("dynamic", "static"):
+    for mode in modes:
         q = json.loads((d / f"model-int8-{mode}.json").read_text())
         assert q["format"] == f"onnx-int8-{mode}" and (d / q["file"]).is_file()
         assert 0.0 <= q["top1_agreement"] <= 1.0 and q["val_images"] == 128
         assert q["metric_delta"] == pytest.approx(q["top1"] - q["top1_fp32"])
         assert q["size_mb"] < meta["size_mb"]
     calibration = {
-        m: json.loads((d / f"model-int8-{m}.json").read_text())["calibration"]
-        for m in ("dynamic", "static")
+        m: json.loads((d / f"model-int8-{m}.json").read_text())["calibration"] for m in modes
     }
-    assert calibration["dynamic"] == {"data": "train split", "images": 32, "smoothquant_alpha": 0.5}
+    assert (
+        calibration["dynamic"]["images"] == 32 and calibration["dynamic"]["data"] == "train split"
+    )
+    # chosen on the calibration images; static modes keep the paper-free recipe: no smoothing
+    assert calibration["dynamic"]["smoothquant_alpha"] in SMOOTH_ALPHAS
     assert calibration["static"]["images"] == 32 and calibration["static"]["smoothquant_alpha"] == 0
+    kept = {m: json.loads((d / f"model-int8-{m}.json").read_text())["fp32_matmuls"] for m in modes}
+    assert kept == {"dynamic": TINY["vit_mnist"]["depth"], "static": 0}  # the block's qkv: fp32
 
 
 def test_exported_model_runs_at_a_new_size_on_real_digits(vit_export: Path) -> None:
@@ -473,7 +480,7 @@ def test_openvino_int8_export_writes_the_layout_openvino_runs(
     q = json.loads((tmp_path / "m-int8-openvino.json").read_text())
     assert q["format"] == "openvino-int8" and q["file"] == "m-int8-openvino.onnx"
     assert q["calibration"] == {"data": "train split", "images": 32, "smoothquant_alpha": 0.0}
-    assert q["val_images"] == 128
+    assert q["fp32_matmuls"] == 0 and q["val_images"] == 128
     assert q["top1_agreement"] >= 0.9 and abs(q["metric_delta"]) <= 0.05
     assert q["size_mb"] < json.loads(out.with_suffix(".json").read_text())["size_mb"]
     assert "int8 openvino: top1" in done.stdout
@@ -516,6 +523,7 @@ def test_openvino_missing_is_a_failed_row_or_a_refused_export(
         "calib",
         "calib_empty",
         "calib_size",
+        "int8_scores",
         "parity_images",
         "out_folder",
         "exists",
@@ -544,6 +552,7 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path: Path, capsys, case: str) ->
             (tmp_path / "empty",),
         ),
         "calib_size": (["--int8", "static", "--calib-size", "0"], ("--calib-size", 0)),
+        "int8_scores": (["--int8", "dynamic", "--int8-scores", "int4"], ("--int8-scores", "int4")),
         "parity_images": (["--parity-images", "0"], ("--parity-images", 0)),
         "out_folder": (["--out", tmp_path / "folder.onnx"], ("--out", tmp_path / "folder.onnx")),
         "exists": (["--out", taken], (taken, "--overwrite")),
@@ -756,7 +765,8 @@ def test_benchmark_of_a_registered_model_without_checkpoint(tmp_path: Path, caps
         )
     common = ("benchmark", "--model", "vit_test", "--img-size", "32", "--threads", "1")
     args = (*common, "--quick", "--no-memory", "--data", tmp_path / "imgs")
-    vtfm(*args, "--formats", "torch,onnx,onnx-int8-dynamic", "--out", tmp_path / "b")
+    fmts = ("--formats", "torch,onnx,onnx-int8-dynamic", "--int8-scores", "int8")
+    vtfm(*args, *fmts, "--out", tmp_path / "b")
     out = capsys.readouterr().out
     assert out.startswith("| format | status | size MB | peak RSS MB | top-1 agree |")
     assert "no accuracy column" in out and "random" in out
@@ -769,6 +779,9 @@ def test_benchmark_of_a_registered_model_without_checkpoint(tmp_path: Path, caps
     assert all(r["status"] == "ok" and r["metric"] is None for r in rows.values())
     assert rows["onnx"]["max_abs_diff"] <= 1e-4 and rows["onnx"]["top1_agreement"] == 1.0
     assert rows["onnx-int8-dynamic"]["max_abs_diff"] > 0 and rows["torch"]["latency_median_ms"] > 0
+    recipe = result["int8_recipes"]["onnx-int8-dynamic"]  # every MatMul int8, as asked
+    assert recipe["fp32_matmuls"] == 0 and recipe["smoothquant_alpha"] in SMOOTH_ALPHAS
+    assert f"onnx-int8-dynamic: SmoothQuant alpha {recipe['smoothquant_alpha']:g}" in out
     assert_names(fail(capsys, *common, "--out", tmp_path / "c"), "--data")
     assert_names(fail(capsys, "benchmark", "--checkpoint", "x.pt", "--img-size", "32"), "--model")
     err = fail(capsys, *args, "--model", "grasp_hybrid_t", "--out", tmp_path / "d")

@@ -13,7 +13,7 @@ from torch import nn
 
 import vision_tfm as vt
 from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
-from vision_tfm.export.quantize import quantize_int8
+from vision_tfm.export.quantize import SMOOTH_ALPHAS, quantize_int8, score_projections
 from vision_tfm.export.smoothing import balanceable_norms, smooth_onnx
 from vision_tfm.export.source import INPUT_NAME
 from vision_tfm.layers.block import Block
@@ -120,7 +120,8 @@ def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: P
     err = {}
     for alpha in (0.0, 0.5):
         out = tmp_path / f"int8-{alpha}.onnx"
-        quantize_int8(fp32, out, "dynamic", calib, smooth=alpha)
+        # every MatMul int8, so each norm's loud channels reach a quantised input
+        quantize_int8(fp32, out, "dynamic", calib, smooth=alpha, scores_fp32=False)
         err[alpha] = (ort_runner(ort_session(out))(x)[0] - ref).abs().mean().item()
     assert err[0.5] < 0.75 * err[0.0], err
 
@@ -163,3 +164,67 @@ def test_only_ops_that_keep_the_channel_axis_are_walked_through(monkeypatch) -> 
     monkeypatch.setattr(smoothing, "_keeps_channels", lambda *a: True)
     with pytest.raises(RuntimeError, match="changed fp32 output 'y'"):
         smooth_onnx(moved, [{"x": x}])
+
+
+@pytest.mark.parametrize(
+    ("name", "dynamic", "kw"),
+    [
+        ("vit_mnist", "batch,hw", {}),
+        ("swin_mnist", "batch", {}),
+        ("swin_mnist", "batch,hw", {}),  # relative bias and shift mask between q@k and softmax
+        ("grasp_hybrid_t", "batch", {}),
+        ("vit_mnist", "batch", {"attn_type": "linear"}),  # no softmax, no score product
+    ],
+)
+def test_score_projections_are_each_softmax_blocks_qkv(
+    name: str, dynamic: str, kw: dict, tmp_path: Path
+) -> None:
+    from onnx import numpy_helper
+
+    model = outlier_model(name, **kw)
+    path = export(model, TINY[name][1], tmp_path / "m.onnx", frozenset(dynamic.split(",")))
+    graph = onnx.load(str(path))
+    found = score_projections(graph)
+    blocks = sum(isinstance(m, Block) for m in model.modules())
+    assert len(found) == (0 if kw else blocks)
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.graph.initializer}
+    for node in (n for n in graph.graph.node if n.name in found):
+        c_in, c_out = inits[node.input[1]].shape  # the fused q, k, v projection
+        assert c_out == 3 * c_in
+
+
+def test_dynamic_int8_keeps_the_score_projections_fp32(tmp_path: Path) -> None:
+    model = outlier_model("vit_mnist")
+    fp32 = export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))
+    calib = torch.randn(8, 1, 28, 28)
+    blocks = TINY["vit_mnist"][0]["depth"]
+    counts = {}
+    for keep in (True, False):
+        out = tmp_path / f"int8-{keep}.onnx"
+        recipe = quantize_int8(fp32, out, "dynamic", calib, smooth=0.0, scores_fp32=keep)
+        g = onnx.load(str(out)).graph
+        inits = {t.name for t in g.initializer}
+        float_mm = sum(n.op_type == "MatMul" and n.input[1] in inits for n in g.node)
+        assert recipe.fp32_matmuls == float_mm
+        counts[keep] = float_mm, sum(n.op_type == "MatMulInteger" for n in g.node)
+    assert counts[False][0] == 0 and counts[True][0] == blocks  # one qkv per block
+    assert counts[True][1] == counts[False][1] - blocks  # everything else still int8
+
+
+def test_auto_alpha_is_the_grid_alpha_nearest_fp32_on_the_calibration_images(
+    tmp_path: Path,
+) -> None:
+    model = outlier_model("vit_mnist", gain=100.0)
+    fp32 = export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))
+    torch.manual_seed(3)
+    calib = torch.randn(16, 1, 28, 28)
+    ref = ort_runner(ort_session(fp32))(calib)[0]
+    err = {}
+    for alpha in SMOOTH_ALPHAS:
+        out = tmp_path / f"int8-{alpha}.onnx"
+        quantize_int8(fp32, out, "dynamic", calib, smooth=alpha)
+        err[alpha] = ((ort_runner(ort_session(out))(calib)[0] - ref) ** 2).mean().item()
+    auto = tmp_path / "int8-auto.onnx"
+    chosen = quantize_int8(fp32, auto, "dynamic", calib).smoothquant_alpha  # the default
+    assert chosen == min(err, key=err.get), err
+    assert auto.read_bytes() == (tmp_path / f"int8-{chosen}.onnx").read_bytes()

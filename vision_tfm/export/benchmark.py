@@ -50,7 +50,13 @@ from .onnx import (
     size_mb,
 )
 from .openvino import openvino_runner, openvino_version
-from .quantize import INT8_FORMATS, calibration_images, quantize_int8
+from .quantize import (
+    INT8_FORMATS,
+    SCORES,
+    calibration_images,
+    check_int8_scores,
+    quantize_int8,
+)
 from .source import ExportSource, Runner, load_source, max_abs_diff, model_source
 
 FORMATS = (
@@ -93,6 +99,9 @@ class BenchOptions:
     atol: float = 1e-4
     calib_data: str | None = None
     calib_size: int = 256
+    int8_scores: str = (
+        "auto"  # attention-score projections: "auto" (the mode's recipe), "fp32", "int8"
+    )
     ceiling_sizes: tuple[int, ...] = (512, 1024, 2048)  # square matmuls timed for the peak
     ceiling_seconds: float = 1.0  # time spent on each of them per dtype
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
@@ -125,6 +134,7 @@ class BenchOptions:
         check_opset(self.opset)
         if self.calib_data is not None and not Path(self.calib_data).exists():
             raise FileNotFoundError(f"calibration data not found: {self.calib_data}")
+        check_int8_scores(self.int8_scores)
         if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.calib_size < 1:
             raise ValueError("--threads, --batch, --runs and --calib-size must be >= 1")
         if self.warmup < 0 or self.val_images < 0:
@@ -212,6 +222,7 @@ class _Formats:
         self.exports: dict[int, tuple[Path, str] | Exception] = {}
         self.files: dict[str, tuple[Path, int]] = {}  # format -> the ONNX file it ran, opset
         self.calib: torch.Tensor | None = None  # drawn once, shared by the int8 formats
+        self.recipes: dict[str, dict[str, Any]] = {}  # int8 format -> how it was quantised
 
     def describe_files(self) -> None:
         """A JSON beside each ONNX file (as ``vtfm export`` writes), for exports kept."""
@@ -244,7 +255,9 @@ class _Formats:
             path = self.workdir / f"{fmt}.onnx"
             if self.calib is None:
                 self.calib = calibration_images(src, self.opts.calib_data, self.opts.calib_size)
-            quantize_int8(fp32, path, INT8_FORMATS[fmt], self.calib)
+            scores = SCORES[self.opts.int8_scores]
+            recipe = quantize_int8(fp32, path, INT8_FORMATS[fmt], self.calib, scores_fp32=scores)
+            self.recipes[fmt] = asdict(recipe)
             self.files[fmt] = path, self.opts.opset
             if fmt.startswith("openvino"):  # the int8 layers run int8; the rest fp32, not bf16
                 return openvino_runner(path, threads)[0], "ok", size_mb(path)
@@ -407,6 +420,7 @@ def benchmark_checkpoint(
             if k != "formats"
         },
         "bf16_note": bf16_note,
+        "int8_recipes": builder.recipes,
         "rows": [asdict(r) for r in rows],
     }
 
@@ -486,6 +500,23 @@ def markdown_table(result: dict[str, Any]) -> str:
             "onnxruntime sessions flush denormals to zero (session.set_denormal_as_zero), as "
             "`ort_session` sets up for deployment: a trained model's activations underflow, and "
             "x86 CPUs compute denormals many times slower."
+        )
+    for fmt, r in result.get("int8_recipes", {}).items():
+        smooth = r["smoothquant_alpha"]
+        lines.append(
+            f"{fmt}: "
+            + (
+                f"SmoothQuant alpha {smooth:g} (the alpha whose int8 output came nearest fp32 "
+                "on the calibration images)"
+                if smooth
+                else "no SmoothQuant"
+            )
+            + (
+                f", {r['fp32_matmuls']} attention-score projections kept fp32"
+                if r["fp32_matmuls"]
+                else ""
+            )
+            + "."
         )
     if result.get("bf16_note"):
         lines.append(f"torch-bf16: {result['bf16_note']}; the fp32 torch row is the one to use.")

@@ -33,7 +33,14 @@ from .onnx import (
     staging_dir,
 )
 from .openvino import openvino_runner, openvino_version
-from .quantize import INT8_FORMATS, INT8_MODES, SMOOTHED, calibration_images, quantize_int8
+from .quantize import (
+    INT8_FORMATS,
+    INT8_MODES,
+    SCORES,
+    calibration_images,
+    check_int8_scores,
+    quantize_int8,
+)
 from .source import ExportSource, load_source
 
 
@@ -49,6 +56,9 @@ class ExportOptions:
     int8: tuple[str, ...] = ()  # any of INT8_MODES
     calib_data: str | None = None  # default: the checkpoint's training split
     calib_size: int = 256
+    int8_scores: str = (
+        "auto"  # attention-score projections: "auto" (the mode's recipe), "fp32", "int8"
+    )
     atol: float = 1e-4
     parity_images: int = 16
     val_images: int = 0  # images scoring int8 against fp32; 0 = the whole val split
@@ -81,6 +91,7 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
         raise ValueError("--int8 openvino needs openvino: pip install -e '.[openvino]'")
     if opts.calib_data is not None and not Path(opts.calib_data).exists():
         raise FileNotFoundError(f"calibration data not found: {opts.calib_data}")
+    check_int8_scores(opts.int8_scores)
     for name, value, least in (
         ("--calib-size", opts.calib_size, 1),
         ("--parity-images", opts.parity_images, 1),
@@ -223,7 +234,7 @@ def _quantise(
     results = {}
     for mode in opts.int8:
         q = int8_path(fp32, mode)  # staged beside fp32, under its installed name
-        quantize_int8(fp32, q, mode, calib)
+        recipe = quantize_int8(fp32, q, mode, calib, scores_fp32=SCORES[opts.int8_scores])
         # scored by the runtime the file is laid out for
         run = openvino_runner(q, 1)[0] if mode == "openvino" else ort_runner(ort_session(q))
         ev = source.evaluate(run, batches)
@@ -238,8 +249,9 @@ def _quantise(
             "calibration": {
                 "data": Path(opts.calib_data).name if opts.calib_data else "train split",
                 "images": len(calib),
-                "smoothquant_alpha": SMOOTHED.get(mode, 0.0),
+                "smoothquant_alpha": recipe.smoothquant_alpha,
             },
+            "fp32_matmuls": recipe.fp32_matmuls,
         }
         agree = r["top1_agreement"]
         log(

@@ -4,18 +4,28 @@ and static QDQ, in the layout onnxruntime runs fast or the one OpenVINO runs fas
 All start from ``quant_pre_process`` (symbolic shape inference and graph fusions), which
 lets the quantiser see through the exporter's shape arithmetic. Every mode calibrates on real
 images (:func:`calibration_images`): static modes for their activation ranges, dynamic for
-SmoothQuant's channel balancing (:mod:`.smoothing`).
+SmoothQuant's channel balancing (:mod:`.smoothing`) and the choice of its alpha.
+
+Each mode has a recipe (``RECIPES``): the SmoothQuant alpha (a number, "auto" or 0 for off)
+and whether the projections that feed attention scores (q and k, fused with v in one MatMul)
+stay fp32. Softmax turns their rounding into attention-weight error in every later block;
+on a trained ViT-S/16 they carried half of dynamic int8's logit error from a quarter of its
+MatMuls (``benchmarks/int8_smoothing.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +40,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from .smoothing import SMOOTH_ALPHA, smooth_onnx
+from .smoothing import channel_ranges, smooth_onnx
 from .source import INPUT_NAME, ExportSource
 
 INT8_MODES = ("dynamic", "static", "openvino")
@@ -42,9 +52,27 @@ INT8_FORMATS = {
 }
 DYNAMIC_OPS = ("MatMul",)
 STATIC_OPS = ("MatMul", "Gemm", "Conv")
-# SmoothQuant alpha per mode: dynamic int8 scales a LayerNorm output per tensor at run time,
-# so its outlier channels cost the most there (benchmarks/int8_smoothing.py)
-SMOOTHED = {"dynamic": SMOOTH_ALPHA}
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How one int8 file was made; recorded in its JSON."""
+
+    smoothquant_alpha: float  # 0: no smoothing
+    fp32_matmuls: int  # weight MatMuls kept in fp32 (attention-score projections)
+
+
+# "auto": the alpha among SMOOTH_ALPHAS whose int8 output is nearest fp32 on the calibration
+# images. Dynamic int8 scales a LayerNorm output per tensor at run time, so its outlier
+# channels cost the most there; static modes gained nothing from smoothing.
+RECIPES: dict[str, dict[str, Any]] = {
+    "dynamic": {"smooth": "auto", "scores_fp32": True},
+    "static": {"smooth": 0.0, "scores_fp32": False},
+    "openvino": {"smooth": 0.0, "scores_fp32": False},
+}
+# --int8-scores: "auto" follows the recipe; "int8" buys dynamic int8 speed for agreement
+SCORES = {"auto": None, "fp32": True, "int8": False}
+SMOOTH_ALPHAS = (0.5, 0.65, 0.8, 0.95)  # 0.5: the paper's default; 1 moves all range to weights
 STATIC_LAYOUTS: dict[str, dict] = {
     # onnxruntime: u8 activations x s8 weights is its fast VNNI path on x86 CPUs.
     "static": {"activation_type": QuantType.QUInt8, "extra_options": {}},
@@ -106,15 +134,87 @@ def _inside(folder: str) -> Iterator[None]:
         os.chdir(prev)
 
 
+# Ops that carry q and k from their projection to the score MatMul and the scores on to the
+# softmax without mixing tokens: layout changes (follow the data input), and elementwise ops
+# with a constant (the bias, the 1/sqrt(d) scale, Swin's relative bias and shift mask).
+_LAYOUT = {"Reshape", "Transpose", "Split", "Slice", "Gather", "Squeeze", "Unsqueeze", "Identity"}
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Where", "Cast"}
+
+
+def score_projections(model: onnx.ModelProto) -> list[str]:
+    """Names of the weight MatMuls whose outputs meet in an attention score product.
+
+    A score product is a MatMul of two activations whose output reaches a Softmax through
+    layout and elementwise ops; walking back from each of its inputs through the same ops
+    (taking the one input that is not constant) ends at the projection that made it.
+    """
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    const = {t.name for t in g.initializer}
+    for n in g.node:  # topological order: shape arithmetic on constants is constant too
+        if n.op_type in ("Constant", "Shape") or all(i in const for i in n.input if i):
+            const.update(n.output)
+    carry = _LAYOUT | _ELEMENTWISE
+
+    def weight(n: onnx.NodeProto) -> bool:
+        return n.op_type == "MatMul" and n.input[1] in const
+
+    def to_softmax(t: str, hops: int = 8) -> bool:
+        return hops > 0 and any(
+            c.op_type == "Softmax" or (c.op_type in carry and to_softmax(c.output[0], hops - 1))
+            for c in consumers.get(t, [])
+        )
+
+    def projection(t: str, hops: int = 16) -> onnx.NodeProto | None:
+        n = producer.get(t)
+        if n is None or hops == 0 or weight(n):
+            return n
+        if n.op_type not in carry:
+            return None
+        data = n.input[:1] if n.op_type in _LAYOUT else [i for i in n.input if i not in const]
+        return projection(data[0], hops - 1) if len(data) == 1 else None
+
+    found: list[str] = []
+    for n in g.node:
+        if n.op_type == "MatMul" and not weight(n) and to_softmax(n.output[0]):
+            for t in n.input:
+                p = projection(t)
+                if p is not None and weight(p) and p.name not in found:
+                    found.append(p.name)
+    return found
+
+
+def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [sess.run(None, f) for f in feeds]
+
+
+def _output_error(outs: list[list[np.ndarray]], ref: list[list[np.ndarray]]) -> float:
+    """Mean squared error of every output against fp32, each relative to the output's spread."""
+    err = 0.0
+    for k in range(len(ref[0])):
+        a = np.concatenate([r[k] for r in ref]).astype(np.float64)
+        b = np.concatenate([o[k] for o in outs]).astype(np.float64)
+        err += float(np.mean((a - b) ** 2) / max(float(np.var(a)), 1e-12))
+    return err
+
+
 def quantize_int8(
     fp32_path: str | Path,
     out_path: str | Path,
     mode: str,
     calib: torch.Tensor,
     *,
-    smooth: float | None = None,
+    smooth: float | str | None = None,
     per_channel: bool = True,
-) -> None:
+    scores_fp32: bool | None = None,
+) -> Int8Recipe:
     """Quantise an fp32 ONNX file to int8 with onnxruntime.
 
     Args:
@@ -122,17 +222,26 @@ def quantize_int8(
         out_path: Where to write the int8 model (a single file: int8 weights are small).
         mode: "dynamic" (activations scaled per call), "static" (QDQ, for onnxruntime) or
             "openvino" (the same, laid out for OpenVINO: ``STATIC_LAYOUTS``).
-        calib: Preprocessed calibration images, for SmoothQuant's ``max|x|`` and the static
-            modes' activation ranges.
-        smooth: SmoothQuant's alpha; None: the mode's default (``SMOOTHED``), 0: off.
+        calib: Preprocessed calibration images, for SmoothQuant's ``max|x|`` and alpha, and
+            the static modes' activation ranges.
+        smooth: SmoothQuant's alpha, "auto" (searched over ``SMOOTH_ALPHAS`` on ``calib``) or
+            0 (off); None: the mode's recipe (``RECIPES``).
         per_channel: One weight scale per output channel instead of one per tensor.
+        scores_fp32: Keep the attention-score projections (:func:`score_projections`) in
+            fp32; None: the mode's recipe.
         See ``benchmarks/int8_smoothing.py`` for what each costs and buys.
+
+    Returns:
+        The alpha used and how many MatMuls stayed fp32.
     """
     if mode not in INT8_MODES:
         raise ValueError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
     if calib is None or len(calib) == 0:
         raise ValueError(f"{mode} int8 needs calibration images")
-    alpha = SMOOTHED.get(mode, 0.0) if smooth is None else smooth
+    smooth = RECIPES[mode]["smooth"] if smooth is None else smooth
+    scores_fp32 = RECIPES[mode]["scores_fp32"] if scores_fp32 is None else scores_fp32
+    if smooth != "auto" and not (isinstance(smooth, int | float) and 0 <= smooth <= 1):
+        raise ValueError(f"SmoothQuant alpha must be 'auto' or in [0, 1], got {smooth!r}")
     fp32_path, out_path = Path(fp32_path).resolve(), Path(out_path).resolve()
     with tempfile.TemporaryDirectory() as tmp, _quiet(), _inside(tmp):
         pre = Path(tmp) / "pre.onnx"
@@ -148,34 +257,71 @@ def quantize_int8(
             # (symbolic padding, resampling); ONNX shape inference alone is enough to quantise.
             quant_pre_process(str(single), str(pre), skip_symbolic_shape=True)
         reader = TensorCalibrationReader(calib, batch_size=batch)
-        if alpha:
+        base = onnx.load(str(pre))
+        keep = score_projections(base) if scores_fp32 else []
+        if smooth == 0 or smooth == 0.0:
+            _quantize(pre, out_path, mode, reader, per_channel, keep)
+            return Int8Recipe(0.0, len(keep))
+        ranges = channel_ranges(base, reader.batches)
+        alphas = SMOOTH_ALPHAS if smooth == "auto" else (float(smooth),)
+        if not ranges.amax:  # no norm to balance: every alpha gives the same file
+            alphas = (0.0,)
+        ref = _run(pre, reader.batches) if len(alphas) > 1 else None
+        best, chosen = math.inf, alphas[0]
+        for alpha in alphas:
             balanced = onnx.load(str(pre))
-            smooth_onnx(balanced, reader.batches, alpha)
-            onnx.save(balanced, str(pre))
-        if mode == "dynamic":
-            # Weight MatMuls only: ORT's dynamic ConvInteger is slower than its fp32 Conv, it has
-            # no dynamic Gemm, and attention's q@k / attn@v would quantise two activations.
-            quantize_dynamic(
-                str(pre),
-                str(out_path),
-                weight_type=QuantType.QInt8,
-                op_types_to_quantize=list(DYNAMIC_OPS),
-                extra_options={"MatMulConstBOnly": True},
-                per_channel=per_channel,
-            )
-        else:
-            # Q/DQ around norms, softmax and residual adds cost accuracy and buy no speed.
-            quantize_static(
-                str(pre),
-                str(out_path),
-                reader,
-                quant_format=QuantFormat.QDQ,
-                per_channel=per_channel,
-                weight_type=QuantType.QInt8,
-                calibrate_method=CalibrationMethod.MinMax,
-                op_types_to_quantize=list(STATIC_OPS),
-                **STATIC_LAYOUTS[mode],
-            )
+            smooth_onnx(balanced, ranges, alpha)
+            smoothed, cand = Path(tmp) / "smoothed.onnx", Path(tmp) / "int8.onnx"
+            onnx.save(balanced, str(smoothed))
+            _quantize(smoothed, cand, mode, reader, per_channel, keep)
+            err = 0.0 if ref is None else _output_error(_run(cand, reader.batches), ref)
+            if err < best:
+                best, chosen = err, alpha
+                shutil.move(cand, out_path)
+        return Int8Recipe(chosen, len(keep))
+
+
+def _quantize(
+    src: Path,
+    out: Path,
+    mode: str,
+    reader: TensorCalibrationReader,
+    per_channel: bool,
+    keep: list[str],
+) -> None:
+    if mode == "dynamic":
+        # Weight MatMuls only: ORT's dynamic ConvInteger is slower than its fp32 Conv, it has
+        # no dynamic Gemm, and attention's q@k / attn@v would quantise two activations.
+        quantize_dynamic(
+            str(src),
+            str(out),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=list(DYNAMIC_OPS),
+            extra_options={"MatMulConstBOnly": True},
+            per_channel=per_channel,
+            nodes_to_exclude=keep,
+        )
+    else:
+        # Q/DQ around norms, softmax and residual adds cost accuracy and buy no speed.
+        reader.rewind()
+        quantize_static(
+            str(src),
+            str(out),
+            reader,
+            quant_format=QuantFormat.QDQ,
+            per_channel=per_channel,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            op_types_to_quantize=list(STATIC_OPS),
+            nodes_to_exclude=keep,
+            **STATIC_LAYOUTS[mode],
+        )
+
+
+def check_int8_scores(value: str) -> None:
+    """``--int8-scores`` is one of ``SCORES``."""
+    if value not in SCORES:
+        raise ValueError(f"--int8-scores must be one of {', '.join(SCORES)}, got {value!r}")
 
 
 # --- calibration images ------------------------------------------------------------------------

@@ -219,22 +219,25 @@ def balanceable_norms(model: onnx.ModelProto) -> list[str]:
     return [n.node.output[0] for n in _balanceable(_Graph(model))]
 
 
-def smooth_onnx(
-    model: onnx.ModelProto, calib: Iterable[dict[str, np.ndarray]], alpha: float = SMOOTH_ALPHA
-) -> int:
-    """Balance every balanceable norm of ``model`` in place; returns how many.
+@dataclass
+class ChannelRanges:
+    """Per-channel ``max|x|`` of each balanceable norm's output over the calibration feeds,
+    with one feed and its fp32 outputs for the self-check. Measured once, folded at any alpha.
+    """
+
+    amax: dict[str, np.ndarray]
+    feed: dict[str, np.ndarray]
+    reference: list[np.ndarray]
+
+
+def channel_ranges(model: onnx.ModelProto, calib: Iterable[dict[str, np.ndarray]]) -> ChannelRanges:
+    """Run ``model`` on every calibration feed and record what :func:`smooth_onnx` needs.
 
     Args:
         model: An fp32 graph (weights inside it, not in external data).
-        calib: Input feeds (as an onnxruntime session takes them); the per-channel ``max|x|``
-            of each norm's output is taken over all of them.
-        alpha: How much of the activation range moves into the weights (0: none, 1: all).
+        calib: Input feeds (as an onnxruntime session takes them).
     """
-    g = _Graph(model)
-    norms = _balanceable(g)
-    if not norms:
-        return 0
-    names = [n.node.output[0] for n in norms]
+    names = balanceable_norms(model)
     outputs = [o.name for o in model.graph.output]
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -250,16 +253,39 @@ def smooth_onnx(
             amax[t] = np.maximum(amax[t], a) if t in amax else a
     if first is None:
         raise ValueError("SmoothQuant needs at least one calibration batch")
-    for norm, t in zip(norms, names, strict=True):
+    return ChannelRanges(amax, *first)
+
+
+def smooth_onnx(
+    model: onnx.ModelProto,
+    calib: Iterable[dict[str, np.ndarray]] | ChannelRanges,
+    alpha: float = SMOOTH_ALPHA,
+) -> int:
+    """Balance every balanceable norm of ``model`` in place; returns how many.
+
+    Args:
+        model: An fp32 graph (weights inside it, not in external data).
+        calib: Input feeds (as an onnxruntime session takes them), or their
+            :func:`channel_ranges` measured on this same graph.
+        alpha: How much of the activation range moves into the weights (0: none, 1: all).
+    """
+    g = _Graph(model)
+    norms = _balanceable(g)
+    if not norms:
+        return 0
+    ranges = calib if isinstance(calib, ChannelRanges) else channel_ranges(model, calib)
+    for norm in norms:
         w_max = np.max([np.abs(g.const(m.input[1])).max(1) for m in norm.matmuls], axis=0)
-        s = np.maximum(amax[t], 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)
+        x_max = ranges.amax[norm.node.output[0]]
+        s = np.maximum(x_max, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)
         for i in (1, 2):  # the norm's scale and bias
             g.rescale(norm.node, i, 1 / s)
         for m in norm.matmuls:
             g.rescale(m, 1, s[:, None])
     # the balancing is exact algebra: a graph walk that let a mixing op through would show here
-    feed, ref = first
-    for name, a, b in zip(outputs, ref, _session(model).run(outputs, feed), strict=True):
+    outputs = [o.name for o in model.graph.output]
+    after = _session(model).run(outputs, ranges.feed)
+    for name, a, b in zip(outputs, ranges.reference, after, strict=True):
         drift = float(np.abs(a - b).max())
         if drift > 1e-3 * (1 + float(np.abs(a).max())):
             raise RuntimeError(f"SmoothQuant changed fp32 output {name!r} by {drift:.2e}")
