@@ -99,9 +99,7 @@ class BenchOptions:
     atol: float = 1e-4
     calib_data: str | None = None
     calib_size: int = 256
-    int8_scores: str = (
-        "auto"  # attention-score projections: "auto" (the mode's recipe), "fp32", "int8"
-    )
+    int8_scores: str = "auto"  # q/k projections: "auto" (the mode's recipe), "fp32", "int8"
     ceiling_sizes: tuple[int, ...] = (512, 1024, 2048)  # square matmuls timed for the peak
     ceiling_seconds: float = 1.0  # time spent on each of them per dtype
     ema: bool | None = None  # None: the weights the run shipped (EMA if it tracked one)
@@ -502,22 +500,15 @@ def markdown_table(result: dict[str, Any]) -> str:
             "x86 CPUs compute denormals many times slower."
         )
     for fmt, r in result.get("int8_recipes", {}).items():
-        smooth = r["smoothquant_alpha"]
-        lines.append(
-            f"{fmt}: "
-            + (
-                f"SmoothQuant alpha {smooth:g} (the alpha whose int8 output came nearest fp32 "
-                "on the calibration images)"
-                if smooth
-                else "no SmoothQuant"
-            )
-            + (
-                f", {r['fp32_matmuls']} attention-score projections kept fp32"
-                if r["fp32_matmuls"]
-                else ""
-            )
-            + "."
-        )
+        alpha, kept = r["smoothquant_alpha"], r["fp32_matmuls"]
+        how = [
+            f"SmoothQuant alpha {alpha:g} (the one nearest fp32 on the calibration images)"
+            if alpha
+            else "no SmoothQuant"
+        ]
+        if kept:
+            how.append(f"{kept} attention-score projections kept fp32")
+        lines.append(f"{fmt}: {', '.join(how)}.")
     if result.get("bf16_note"):
         lines.append(f"torch-bf16: {result['bf16_note']}; the fp32 torch row is the one to use.")
     over = [

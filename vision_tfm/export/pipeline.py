@@ -56,9 +56,7 @@ class ExportOptions:
     int8: tuple[str, ...] = ()  # any of INT8_MODES
     calib_data: str | None = None  # default: the checkpoint's training split
     calib_size: int = 256
-    int8_scores: str = (
-        "auto"  # attention-score projections: "auto" (the mode's recipe), "fp32", "int8"
-    )
+    int8_scores: str = "auto"  # q/k projections: "auto" (the mode's recipe), "fp32", "int8"
     atol: float = 1e-4
     parity_images: int = 16
     val_images: int = 0  # images scoring int8 against fp32; 0 = the whole val split

@@ -259,7 +259,7 @@ def quantize_int8(
         reader = TensorCalibrationReader(calib, batch_size=batch)
         base = onnx.load(str(pre))
         keep = score_projections(base) if scores_fp32 else []
-        if smooth == 0 or smooth == 0.0:
+        if smooth == 0:
             _quantize(pre, out_path, mode, reader, per_channel, keep)
             return Int8Recipe(0.0, len(keep))
         ranges = channel_ranges(base, reader.batches)
