@@ -193,6 +193,17 @@ def test_score_projections_are_each_softmax_blocks_qkv(
         assert c_out == 3 * c_in
 
 
+def test_score_projections_behind_an_opset_23_attention_op(tmp_path: Path) -> None:
+    """From opset 23 the exporter writes SDPA as one Attention op: its q and k still count."""
+    from vision_tfm.export.onnx import export_onnx
+
+    model = outlier_model("vit_mnist")
+    export_onnx(model, torch.randn(2, 1, 28, 28), tmp_path / "m.onnx", output_names=["y"], opset=23)
+    graph = onnx.load(str(tmp_path / "m.onnx"))
+    assert any(n.op_type == "Attention" for n in graph.graph.node)
+    assert len(score_projections(graph)) == TINY["vit_mnist"][0]["depth"]
+
+
 def test_dynamic_int8_keeps_the_score_projections_fp32(tmp_path: Path) -> None:
     model = outlier_model("vit_mnist")
     fp32 = export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))

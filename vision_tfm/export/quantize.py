@@ -145,8 +145,9 @@ def score_projections(model: onnx.ModelProto) -> list[str]:
     """Names of the weight MatMuls whose outputs meet in an attention score product.
 
     A score product is a MatMul of two activations whose output reaches a Softmax through
-    layout and elementwise ops; walking back from each of its inputs through the same ops
-    (taking the one input that is not constant) ends at the projection that made it.
+    layout and elementwise ops, or the q and k inputs of an opset-23 Attention. Walking back
+    from each of its inputs through the same ops (taking the one input that is not constant)
+    ends at the projection that made it.
     """
     g = model.graph
     producer = {o: n for n in g.node for o in n.output}
@@ -180,11 +181,16 @@ def score_projections(model: onnx.ModelProto) -> list[str]:
 
     found: list[str] = []
     for n in g.node:
-        if n.op_type == "MatMul" and not weight(n) and to_softmax(n.output[0]):
-            for t in n.input:
-                p = projection(t)
-                if p is not None and weight(p) and p.name not in found:
-                    found.append(p.name)
+        if n.op_type == "Attention":  # opset >= 23: q @ k and its softmax inside one op
+            scored = n.input[:2]
+        elif n.op_type == "MatMul" and not weight(n) and to_softmax(n.output[0]):
+            scored = n.input
+        else:
+            continue
+        for t in scored:
+            p = projection(t)
+            if p is not None and weight(p) and p.name not in found:
+                found.append(p.name)
     return found
 
 
