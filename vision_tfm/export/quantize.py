@@ -40,6 +40,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
+from .onnx import ort_session
 from .smoothing import channel_ranges, smooth_onnx
 from .source import INPUT_NAME, ExportSource
 
@@ -194,18 +195,13 @@ def score_projections(model: onnx.ModelProto) -> list[str]:
     return found
 
 
-def _session(path: Path) -> Any:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
 def _output_error(
     path: Path, feeds: list[dict[str, np.ndarray]], ref: list[list[np.ndarray]]
 ) -> float:
     """Squared error of every output against fp32 (``ref``, per feed), each relative to the
-    output's variance, summed. Batch by batch: grasp maps of 256 images would not fit twice."""
-    sess = _session(path)
+    output's variance, summed. Batch by batch: two sets of a grasp model's maps for 256
+    images, in float64, would take over a gigabyte."""
+    sess = ort_session(path)
     n = np.zeros(len(ref[0]))
     total, total_sq, err = n.copy(), n.copy(), n.copy()
     for feed, want in zip(feeds, ref, strict=True):
@@ -282,7 +278,7 @@ def quantize_int8(
             alphas = (0.0,)
         ref = None  # fp32 outputs on the calibration images, to score each alpha against
         if len(alphas) > 1:
-            fp32 = _session(pre)
+            fp32 = ort_session(pre)
             ref = [fp32.run(None, f) for f in reader.batches]
         best, chosen = math.inf, alphas[0]
         for alpha in alphas:
