@@ -7,12 +7,12 @@ onnxruntime, numpy and Pillow.
 
 What an edge runtime needs besides the graph is in ``model.json``: class names and, under
 ``preprocess``, every step of ``vtfm predict``'s (or ``vtfm grasp``'s) preprocessing with its
-library, dtype and rounding; for grasp models, ``postprocess`` states how the four maps
-become grasps. This file follows those contracts step by step and prints what ``vtfm
-predict`` / ``vtfm grasp`` print; tests/export/test_export.py holds it to 1e-5 in probability
-on gray, RGB, 16-bit, palette, RGBA, upscaled and non-square images, and to vtfm grasp's top
-grasp within 1e-4 px and 1e-5 rad. Nothing here imports torch, OpenCV or vision_tfm: copy the
-file to the device.
+library, dtype and rounding; for grasp models, ``postprocess`` states how the four maps (the
+channels of one output) become grasps. This file follows those contracts step by step and
+prints what ``vtfm predict`` / ``vtfm grasp`` print; tests/export/test_export.py holds it to
+1e-5 in probability on gray, RGB, 16-bit, palette, RGBA, upscaled and non-square images,
+and to vtfm grasp's top grasp within 1e-4 px and 1e-5 rad. Nothing here imports torch, OpenCV
+or vision_tfm: copy the file to the device.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import onnxruntime as ort
 from PIL import Image
 
 CONTRACT = "vision_tfm.cls.preprocess/1"  # the preprocessing this client implements
-GRASP_CONTRACT = "vision_tfm.grasp.preprocess/2"
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/3"
 NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx]  # raster order
 
 
@@ -247,10 +247,11 @@ def find_grasps(
     """The best ``top`` grasps on the raw image, as ``vtfm grasp`` finds them."""
     x, (x0, y0, side) = grasp_input(rgb, depth, meta)
     post = meta["postprocess"]
-    names = [o.name for o in sess.get_outputs()]
+    keys = ("quality", "cos", "sin", "width")  # the channels of the one output, "maps"
 
     def run(v: np.ndarray) -> dict[str, np.ndarray]:
-        return dict(zip(names, sess.run(None, {meta["input_name"]: v})))
+        (maps,) = sess.run(None, {meta["input_name"]: v})  # (1, 4, H, W)
+        return {k: maps[:, i : i + 1] for i, k in enumerate(keys)}
 
     maps = run(x)
     if post["flip_tta"]:
@@ -260,7 +261,7 @@ def find_grasps(
                 maps[k] = maps[k] + (-1 if k == "sin" else 1) * np.flip(m[k], axis)
         maps = {k: v / np.float32(3) for k, v in maps.items()}
     sigma = post["filter"]["sigma"]
-    f = {k: gaussian(maps[k][0, 0], sigma[k]) for k in ("quality", "cos", "sin", "width")}
+    f = {k: gaussian(maps[k][0, 0], sigma[k]) for k in keys}
     pk = post["peaks"]
     S = meta["preprocess"]["resize"]["size"][0]
     scale = np.float32(S / side)

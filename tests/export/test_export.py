@@ -267,17 +267,25 @@ def test_linear_attention_checkpoint_exports_quantises_and_benchmarks(tmp_path: 
     assert float(rows[2]["top1_agreement"]) >= 0.9  # int8 keeps the fp32 model's answers
 
 
-def test_grasp_exports_four_named_maps(tmp_path: Path) -> None:
+def test_grasp_exports_the_four_maps_as_one_output(tmp_path: Path) -> None:
     import onnxruntime as ort
 
     vtfm("export", "--checkpoint", grasp_checkpoint(tmp_path))
     sess = ort.InferenceSession(str(tmp_path / "model.onnx"))
-    assert [o.name for o in sess.get_outputs()] == ["quality", "cos", "sin", "width"]
+    assert [o.name for o in sess.get_outputs()] == ["maps"]
     meta = json.loads((tmp_path / "model.json").read_text())
     assert meta["task"] == "grasp" and meta["parity"]["ok"] and meta["in_chans"] == 4
-    assert meta["preprocess"]["channels"] == ["R", "G", "B", "D"]
+    assert meta["preprocess"]["channels"] == ["R", "G", "B", "D"] and meta["output_names"] == [
+        "maps"
+    ]
     pre, post = meta["preprocess"], meta["postprocess"]
-    assert pre["contract"] == "vision_tfm.grasp.preprocess/2" and pre["resize"]["size"] == [32, 32]
+    assert pre["contract"] == "vision_tfm.grasp.preprocess/3" and pre["resize"]["size"] == [32, 32]
+    assert "quality, cos, sin, width" in post["outputs"]["maps"]
+    (maps,) = sess.run(
+        None, {"image": np.random.default_rng(0).normal(size=(2, 4, 32, 32)).astype(np.float32)}
+    )
+    assert maps.shape == (2, 4, 32, 32)
+    assert (maps[:, [0, 3]] >= 0).all() and (maps[:, [0, 3]] <= 1).all() and (maps >= -1).all()
     assert "8 neighbours" in pre["depth"]["holes"] and post["filter"]["sigma"]["quality"] == 2.0
 
 

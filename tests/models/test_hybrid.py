@@ -11,7 +11,7 @@ import vision_tfm as vt
 from vision_tfm.config import ConfigError
 from vision_tfm.errors import InputError
 from vision_tfm.grasp import GraspMaps
-from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps
+from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps, split_maps
 from vision_tfm.models.hybrid import (
     GraspHybrid,
     HybridClassifier,
@@ -75,12 +75,17 @@ def test_grasp_model_returns_logits_and_grasp_maps_activates_them():
     with torch.no_grad():
         m.head.bias.copy_(torch.tensor([6.0, -6.0, 6.0, -6.0]))  # quality, cos, sin, width
         x = torch.randn(1, 4, 32, 32)
-        logits, maps = m(x), GraspMaps(m)(x)
+        logits, stacked = m(x), GraspMaps(m)(x)
+        # a grasp model without forward_maps (a dict of logits only) is stacked the same way
+        by_dict = GraspMaps(lambda v: m(v))(x)
     assert logits["quality"].min() > 1 and logits["cos"].max() < -1  # no activation inside
-    torch.testing.assert_close(maps["quality"], logits["quality"].sigmoid())
-    torch.testing.assert_close(maps["cos"], logits["cos"].tanh())
-    torch.testing.assert_close(maps["sin"], logits["sin"].tanh())
-    torch.testing.assert_close(maps["width"], logits["width"].sigmoid())
+    assert stacked.shape == (1, 4, 32, 32)
+    torch.testing.assert_close(by_dict, stacked, rtol=0, atol=0)
+    maps = split_maps(stacked)  # one sigmoid chain: tanh as 2 sigmoid(2x) - 1
+    for key, ref in activate_grasp_maps(logits).items():
+        torch.testing.assert_close(maps[key], ref, rtol=0, atol=3e-7)
+    torch.testing.assert_close(maps["cos"], logits["cos"].tanh(), rtol=0, atol=3e-7)
+    torch.testing.assert_close(maps["width"], logits["width"].sigmoid(), rtol=0, atol=3e-7)
 
 
 def test_odd_sizes_are_padded_then_cropped():

@@ -14,7 +14,14 @@ from conftest import assert_names, raises_naming
 
 from vision_tfm.config import apply_overrides
 from vision_tfm.data.grasp import crop_box, output_to_crop
-from vision_tfm.grasp import MAP_KEYS, Grasp, GraspMaps, decode_grasps, predict_grasps
+from vision_tfm.grasp import (
+    MAP_KEYS,
+    Grasp,
+    GraspMaps,
+    decode_grasps,
+    predict_grasps,
+    split_maps,
+)
 from vision_tfm.train import Trainer
 from vision_tfm.train.checkpoint import load_checkpoint
 from vision_tfm.train.grasp import GraspConfig, GraspTask
@@ -82,7 +89,7 @@ def test_validation_and_predict_grasps_crop_alike(trained):
     view = val.views[0]
     x, _, _ = val[0]
     with torch.no_grad():
-        maps = GraspMaps(trainer.shipped_model.eval())(x[None])
+        maps = split_maps(GraspMaps(trainer.shipped_model.eval())(x[None]))
     ev = trainer.cfg.eval
     preds = decode_grasps(
         *(maps[k][0, 0] for k in MAP_KEYS), num_grasps=2, **ev.decode_kwargs(val.width_scale)

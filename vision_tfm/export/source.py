@@ -17,7 +17,14 @@ import torch
 from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset, default_collate
 
-from ..grasp import ANGLE_THRESHOLD, MAP_KEYS, GraspMaps, angle_difference, decode_grasps
+from ..grasp import (
+    ANGLE_THRESHOLD,
+    MAP_KEYS,
+    GraspMaps,
+    angle_difference,
+    decode_grasps,
+    split_maps,
+)
 from ..grasp.metric import grasp_correct
 from ..grasp.predict import flip_averaged
 from ..models import get_model_entry
@@ -98,7 +105,7 @@ class ExportSource:
 
     @property
     def output_names(self) -> list[str]:
-        return list(MAP_KEYS) if self.task == "grasp" else ["logits"]
+        return ["maps"] if self.task == "grasp" else ["logits"]
 
     @property
     def metric_name(self) -> str | None:
@@ -179,7 +186,7 @@ class ExportSource:
         for batch in batches:
             x = batch[0]
             if self.task == "grasp":
-                run = lambda v: dict(zip(MAP_KEYS, runner(v)))  # noqa: E731
+                run = lambda v: split_maps(runner(v)[0])  # noqa: E731
                 maps = flip_averaged(run, x, self.cfg.eval.flip_tta)
                 out = [maps[k].float() for k in MAP_KEYS]
                 tops = tops if tops is not None else []
@@ -491,7 +498,8 @@ def load_source(
     return ExportSource(path, model.eval(), cfg, meta)
 
 
-GRASP_CONTRACT = "vision_tfm.grasp.preprocess/2"  # bump when a step below changes
+# bump when a step below or the graph's outputs (grasp_postprocess) change; /3: one "maps"
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/3"
 
 
 _PER_VIEW = (
@@ -559,7 +567,12 @@ def grasp_postprocess(cfg: Any) -> dict[str, Any]:
     e = cfg.eval
     kw = e.decode_kwargs(cfg.data.width_scale)
     return {
-        "outputs": {k: f"{v}, applied inside the graph" for k, v in MAP_ACTIVATIONS.items()},
+        "outputs": {
+            "maps": f"(N, {len(MAP_KEYS)}, H, W) float32, channels {', '.join(MAP_KEYS)}",
+            "activations": {
+                k: f"{v}, applied inside the graph" for k, v in MAP_ACTIVATIONS.items()
+            },
+        },
         "flip_tta": e.flip_tta,
         "flip_rule": "when flip_tta: the float32 mean (x + lr + ud) / 3 of the maps of the "
         "input, of the input flipped along W (lr) and along H (ud), each flipped back, with "

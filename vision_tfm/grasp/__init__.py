@@ -5,9 +5,11 @@ from vision_tfm.grasp.maps import (
     MAP_KEYS,
     WIDTH_SCALE,
     activate_grasp_maps,
+    activate_stacked,
     as_grasps,
     decode_grasps,
     encode_grasp_maps,
+    split_maps,
 )
 from vision_tfm.grasp.metric import (
     ANGLE_THRESHOLD,
@@ -45,6 +47,7 @@ __all__ = [
     "Grasp",
     "GraspMaps",
     "activate_grasp_maps",
+    "activate_stacked",
     "angle_difference",
     "as_grasps",
     "batch_grasp_correct",
@@ -63,5 +66,6 @@ __all__ = [
     "polygon_iou",
     "predict_grasps",
     "rotate_points",
+    "split_maps",
     "wrap_angle",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from vision_tfm.grasp.rect import Grasp, grasp_axes, wrap_angle
 
@@ -32,8 +33,22 @@ MAP_ACTIVATIONS: dict[str, str] = {
 
 def activate_grasp_maps(logits: Mapping[str, Any]) -> dict[str, Any]:
     """A grasp model's logit maps -> ``quality`` probability, ``cos``/``sin`` of 2θ in
-    [-1, 1] and ``width`` in [0, 1] (torch tensors); decoding, evaluation and export use it."""
+    [-1, 1] and ``width`` in [0, 1] (torch tensors); training, evaluation and decoding use it."""
     return {k: getattr(logits[k], MAP_ACTIVATIONS[k])() for k in MAP_KEYS}
+
+
+def activate_stacked(logits: torch.Tensor) -> torch.Tensor:
+    """:func:`activate_grasp_maps` on the maps stacked ``(B, 4, H, W)`` in ``MAP_KEYS`` order,
+    as one elementwise chain: ``tanh(x) = 2 sigmoid(2x) - 1``, so every channel is one
+    sigmoid and an exported graph ends without splitting the maps (equal up to rounding)."""
+    k = [2.0 if MAP_ACTIVATIONS[key] == "tanh" else 1.0 for key in MAP_KEYS]
+    k = logits.new_tensor(k).view(1, len(MAP_KEYS), 1, 1)
+    return torch.sigmoid(logits * k) * k - (k - 1)
+
+
+def split_maps(maps: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Stacked ``(B, 4, H, W)`` maps -> ``{key: (B, 1, H, W)}`` in ``MAP_KEYS`` order."""
+    return {k: maps[:, i : i + 1] for i, k in enumerate(MAP_KEYS)}
 
 
 def as_grasps(rects: np.ndarray | Sequence[Grasp]) -> list[Grasp]:

@@ -13,23 +13,35 @@ import numpy as np
 import torch
 from torch import nn
 
-from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps, decode_grasps
+from vision_tfm.grasp.maps import (
+    MAP_KEYS,
+    activate_grasp_maps,
+    activate_stacked,
+    decode_grasps,
+)
 from vision_tfm.grasp.rect import Grasp
 
 
 class GraspMaps(nn.Module):
-    """A grasp model whose outputs are the activated maps rather than logits.
+    """A grasp model whose output is its activated maps, stacked ``(B, 4, H, W)`` in
+    ``MAP_KEYS`` order (:func:`split_maps` names them), rather than a dict of logits.
 
-    What deployment runs and export writes: the graph ends in the activations, so a runtime
-    without vision_tfm reads quality, ``cos 2θ``, ``sin 2θ`` and width straight off it.
+    What export writes: the graph ends in the activations, so a runtime without vision_tfm
+    reads quality, ``cos 2θ``, ``sin 2θ`` and width straight off one output. A model with
+    ``forward_maps`` hands over its stacked logits; any other grasp model's dict is stacked.
     """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return activate_grasp_maps(self.model(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self.model, "forward_maps"):
+            logits = self.model.forward_maps(x)
+        else:
+            out = self.model(x)
+            logits = torch.cat([out[k] for k in MAP_KEYS], dim=1)
+        return activate_stacked(logits)  # (B, 4, H, W)
 
 
 def grasp_maps(model: nn.Module, x: torch.Tensor, flips: bool = False) -> dict[str, torch.Tensor]:

@@ -401,12 +401,19 @@ class GraspHybrid(_HybridModel):
             x = stage(x, skip)
         return self.head(x)
 
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward_maps(self, x: torch.Tensor) -> torch.Tensor:
+        """Image -> the four logit maps stacked, ``(B, 4, H, W)`` in ``GRASP_KEYS`` order.
+
+        What export reads (:class:`vision_tfm.grasp.GraspMaps`): one map tensor activates
+        and leaves the graph in one piece, where four one-channel maps cost a runtime a
+        layout pass each."""
         self._check(x)
         H, W = x.shape[-2:]
         tokens, feats = self.trunk(pad_to_multiple(x, self.trunk.reduction))
-        out = self.decode(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
-        maps = out.split(1, dim=1)  # indexed, not iterated: an fx Proxy does not iterate
+        return self.decode(tokens, feats[:-1])[..., :H, :W]  # (B, 4, H, W)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        maps = self.forward_maps(x).split(1, dim=1)  # indexed, not iterated: fx Proxies don't
         return {k: maps[i] for i, k in enumerate(GRASP_KEYS)}  # 4 x (B, 1, H, W) logits
 
 
