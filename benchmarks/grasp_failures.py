@@ -47,7 +47,7 @@ def failures(checkpoint: str, data: str | None) -> tuple[int, list[dict]]:
         preds = decode_grasps(*(maps[k][0, 0] for k in MAP_KEYS), num_grasps=1, **kw)
         if grasp_correct(preds, rects):
             continue
-        view = val.views[i].view_id if hasattr(val, "views") else str(i)
+        view = val.views[i].view_id
         if not preds:
             out.append({"view": view, "kind": "no grasp"})
             continue
