@@ -9,6 +9,8 @@ The evidence behind each rule of ``vision_tfm/layers/attention_dispatch.py``. Tw
 attention core only (q, k, v in, heads out; no projections):
 
 - ``vit``: a ViT-S/16 layer, ``(B, 6, 197, 64)``, no bias;
+- ``short``: the quick start's ViT layer (``train_cls.py --model vit``), ``(B, 4, 16, 32)``,
+  no bias; its recipe trains at batch 64;
 - ``swin``: Swin-T stage-1 windows, ``(B, 64, 3, 49, 32)`` with a ``(64, 3, 49, 49)`` fp32
   bias (relative position + shift mask), as the model passes them; in training the bias
   takes a gradient, as the relative-position table does.
@@ -42,7 +44,11 @@ from vision_tfm.layers.attention_dispatch import (
     sdpa_attention,
 )
 
-CASES = {"vit": ((6, 197, 64), None), "swin": ((64, 3, 49, 32), (64, 3, 49, 49))}
+CASES = {
+    "vit": ((6, 197, 64), None),
+    "swin": ((64, 3, 49, 32), (64, 3, 49, 49)),
+    "short": ((4, 16, 32), None),
+}
 
 
 def inputs(case: str, batch: int, dtype: torch.dtype, grad: bool):

@@ -1,5 +1,6 @@
 """The training engine: exact resume, interrupts, NaN guard, run dirs, CLI errors, DDP."""
 
+import copy
 import itertools
 import os
 import signal
@@ -10,13 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_names, raises_naming
+from timm.optim import create_optimizer_v2
 
 from vision_tfm.config import ConfigError, apply_overrides
 from vision_tfm.errors import CheckpointError
 from vision_tfm.train import ClassificationTask, ClsConfig, NonFiniteLossError, Trainer
 from vision_tfm.train.checkpoint import atomic_save, load_checkpoint
 from vision_tfm.train.classification import restore_cls_model
-from vision_tfm.train.engine import make_run_dir
+from vision_tfm.train.config import OptimConfig
+from vision_tfm.train.engine import build_optimizer, make_run_dir
 from vision_tfm.train.launch import base_parser, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -638,3 +641,54 @@ def test_an_items_augmentation_depends_on_its_epoch_and_index_only():
     loader = DataLoader(items, batch_size=None, sampler=keys, num_workers=1)
     for got, want in zip(loader, here):
         assert torch.equal(got[0], want)
+
+
+def test_adamw_runs_fused_and_steps_as_the_per_parameter_loop_does():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3)
+    )
+    twin = copy.deepcopy(model)
+    o = OptimConfig(opt="adamw", lr=1e-2, weight_decay=0.05)
+    fused = build_optimizer(model, o, o.lr)
+    assert fused.defaults["fused"] is True
+    loop = create_optimizer_v2(twin, opt="adamw", lr=o.lr, weight_decay=0.05, foreach=False)
+    for step in range(5):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        for m, opt in ((model, fused), (twin, loop)):
+            opt.zero_grad()
+            m(x).square().sum().backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert not build_optimizer(model, OptimConfig(opt="sgd"), 0.1).defaults.get("fused")
+
+
+class _ThreadsTask(ClassificationTask):
+    """Records the intra-op threads each training step and each evaluation ran on."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.train_threads, self.eval_threads = set(), set()
+
+    def loss(self, model, batch, device):
+        self.train_threads.add(torch.get_num_threads())
+        return super().loss(model, batch, device)
+
+    def evaluate(self, model, loader, device):
+        self.eval_threads.add(torch.get_num_threads())
+        return super().evaluate(model, loader, device)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
+def test_evaluation_takes_the_idle_workers_cores_and_gives_them_back(tmp_path):
+    before = torch.get_num_threads()
+    cfg = tiny_cfg(tmp_path, **{"run.threads": 1, "data.num_workers": 1, "sched.epochs": 1})
+    task = _ThreadsTask(cfg)
+    Trainer(cfg, task).fit()
+    assert task.train_threads == {1} and task.eval_threads == {2}
+    cfg = tiny_cfg(tmp_path / "b", **{"run.threads": 1, "sched.epochs": 1})
+    task = _ThreadsTask(cfg)
+    Trainer(cfg, task).fit()
+    assert task.train_threads == task.eval_threads == {1}  # no worker: nothing to lend
+    torch.set_num_threads(before)

@@ -68,10 +68,23 @@ class NonFiniteLossError(VisionTfmError, RuntimeError):
     """The loss became NaN or inf; the last good checkpoint is kept."""
 
 
+FUSED_OPTIMIZERS = ("adam", "adamw")
+"""timm names that build torch's ``Adam`` / ``AdamW``, which take ``fused=True``."""
+
+
 def build_optimizer(model: nn.Module, o: OptimConfig, lr: float) -> torch.optim.Optimizer:
     """timm's optimiser for ``optim``: weight decay off for norms, biases and the model's
     ``no_weight_decay()``; with ``layer_decay``, each group's ``lr_scale`` follows the model's
-    ``group_matcher`` (BEiT's ``decay ** (depth + 1 - layer_id)``)."""
+    ``group_matcher`` (BEiT's ``decay ** (depth + 1 - layer_id)``).
+
+    torch's Adam and AdamW run fused where every parameter lives on a CPU or CUDA device: one
+    kernel per step instead of a dozen ops per parameter, which on a small model is a large
+    part of a CPU training step (``benchmarks/optimizer_step.py``)."""
+    kw: dict[str, Any] = {"betas": o.betas} if "adam" in o.opt or "lamb" in o.opt else {}
+    if o.opt.lower() in FUSED_OPTIMIZERS and all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in model.parameters()
+    ):
+        kw["fused"] = True
     return create_optimizer_v2(
         model,
         opt=o.opt,
@@ -79,7 +92,7 @@ def build_optimizer(model: nn.Module, o: OptimConfig, lr: float) -> torch.optim.
         weight_decay=o.weight_decay,
         momentum=o.momentum,
         layer_decay=o.layer_decay or None,
-        **({"betas": o.betas} if "adam" in o.opt or "lamb" in o.opt else {}),
+        **kw,
     )
 
 
@@ -657,7 +670,8 @@ class Trainer:
                 f"--resume {self.run_dir / 'last.pt'}"
             )
         elif is_main() and cfg.run.plots:
-            self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
+            with self._eval_threads():
+                self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
         _say(self.task.summary(self.shipped_metrics(metrics or self.history[-1])))
         return metrics
 
@@ -775,9 +789,25 @@ class Trainer:
         return {**metrics, **{k[4:]: v for k, v in metrics.items() if k.startswith("ema_")}}
 
     @torch.no_grad()
+    @contextlib.contextmanager
+    def _eval_threads(self):
+        """Evaluate on the cores the run holds: with ``run.threads`` set, the training loader's
+        workers sit idle while the model evaluates, so their cores join the intra-op threads
+        (``benchmarks/quickstart_profile.py`` times both)."""
+        train = torch.get_num_threads()
+        held = min(self.cfg.run.threads + self.task.num_workers, os.cpu_count() or 1)
+        wide = self.device.type == "cpu" and self.cfg.run.threads > 0 and held > train
+        if wide:
+            torch.set_num_threads(held)
+        try:
+            yield
+        finally:
+            if wide:
+                torch.set_num_threads(train)
+
     def _evaluate(self, loader: DataLoader | None = None) -> dict[str, float]:
         loader = loader or self._val_loader()
-        with self._autocast():
+        with self._autocast(), self._eval_threads():
             metrics = self.task.evaluate(self.model.eval(), loader, self.device)
             if self.ema is not None:
                 ema_m = self.task.evaluate(self.ema.module.eval(), loader, self.device)
