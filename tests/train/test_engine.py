@@ -662,33 +662,3 @@ def test_adamw_runs_fused_and_steps_as_the_per_parameter_loop_does():
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert not build_optimizer(model, OptimConfig(opt="sgd"), 0.1).defaults.get("fused")
-
-
-class _ThreadsTask(ClassificationTask):
-    """Records the intra-op threads each training step and each evaluation ran on."""
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        self.train_threads, self.eval_threads = set(), set()
-
-    def loss(self, model, batch, device):
-        self.train_threads.add(torch.get_num_threads())
-        return super().loss(model, batch, device)
-
-    def evaluate(self, model, loader, device):
-        self.eval_threads.add(torch.get_num_threads())
-        return super().evaluate(model, loader, device)
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
-def test_evaluation_takes_the_idle_workers_cores_and_gives_them_back(tmp_path):
-    before = torch.get_num_threads()
-    cfg = tiny_cfg(tmp_path, **{"run.threads": 1, "data.num_workers": 1, "sched.epochs": 1})
-    task = _ThreadsTask(cfg)
-    Trainer(cfg, task).fit()
-    assert task.train_threads == {1} and task.eval_threads == {2}
-    cfg = tiny_cfg(tmp_path / "b", **{"run.threads": 1, "sched.epochs": 1})
-    task = _ThreadsTask(cfg)
-    Trainer(cfg, task).fit()
-    assert task.train_threads == task.eval_threads == {1}  # no worker: nothing to lend
-    torch.set_num_threads(before)

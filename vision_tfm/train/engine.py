@@ -670,8 +670,7 @@ class Trainer:
                 f"--resume {self.run_dir / 'last.pt'}"
             )
         elif is_main() and cfg.run.plots:
-            with self._eval_threads():
-                self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
+            self.task.finish(self.shipped_model, val_loader, self.run_dir, self.history)
         _say(self.task.summary(self.shipped_metrics(metrics or self.history[-1])))
         return metrics
 
@@ -789,25 +788,9 @@ class Trainer:
         return {**metrics, **{k[4:]: v for k, v in metrics.items() if k.startswith("ema_")}}
 
     @torch.no_grad()
-    @contextlib.contextmanager
-    def _eval_threads(self):
-        """Evaluate on the cores the run holds: with ``run.threads`` set, the training loader's
-        workers sit idle while the model evaluates, so their cores join the intra-op threads
-        (``benchmarks/quickstart_profile.py`` times both)."""
-        train = torch.get_num_threads()
-        held = min(self.cfg.run.threads + self.task.num_workers, os.cpu_count() or 1)
-        wide = self.device.type == "cpu" and self.cfg.run.threads > 0 and held > train
-        if wide:
-            torch.set_num_threads(held)
-        try:
-            yield
-        finally:
-            if wide:
-                torch.set_num_threads(train)
-
     def _evaluate(self, loader: DataLoader | None = None) -> dict[str, float]:
         loader = loader or self._val_loader()
-        with self._autocast(), self._eval_threads():
+        with self._autocast():
             metrics = self.task.evaluate(self.model.eval(), loader, self.device)
             if self.ema is not None:
                 ema_m = self.task.evaluate(self.ema.module.eval(), loader, self.device)
