@@ -21,6 +21,7 @@ from vision_tfm.cli import main
 from vision_tfm.config import apply_overrides, config_to_dict
 from vision_tfm.data.config import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from vision_tfm.export.quantize import SMOOTH_ALPHAS
+from vision_tfm.layers.attention_dispatch import cpu_native_bf16
 from vision_tfm.train import ClsConfig, atomic_save, build_cls_model
 from vision_tfm.train.grasp import GraspConfig, build_grasp_model
 
@@ -462,7 +463,9 @@ def test_openvino_rows_meet_fp32_parity_and_report_their_precision(
     assert 1e-4 < bf16["max_abs_diff"] < 0.5 or "runs fp32" in bf16["status"]
     for r in (ov, bf16):
         assert r["latency_median_ms"] > 0 and r["throughput_img_s"] > 0 and r["peak_rss_mb"] > 0
-    assert result["versions"]["openvino"] and "bf16" in result["ceiling_gflops"]
+    assert result["versions"]["openvino"]
+    # the bf16 matmul ceiling is timed only where bf16 is native (emulated, it takes minutes)
+    assert ("bf16" in result["ceiling_gflops"]) == cpu_native_bf16()
     strict = openvino_benchmark(
         ckpt, tmp_path / "s", "openvino", "--atol", "1e-9", "--no-memory", rc=1
     )

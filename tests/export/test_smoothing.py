@@ -111,6 +111,20 @@ def test_a_norm_that_feeds_a_residual_is_left_alone(tmp_path: Path) -> None:
     assert smooth_onnx(graph, [{INPUT_NAME: x}]) == 0
 
 
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {
+        f
+        for line in text.splitlines()
+        if line.startswith(("flags", "Features"))
+        for f in line.split(":", 1)[1].split()
+    }
+
+
 def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: Path) -> None:
     model = outlier_model("vit_mnist", gain=100.0)
     fp32 = export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))
@@ -123,7 +137,10 @@ def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: P
         # every MatMul int8, so each norm's loud channels reach a quantised input
         quantize_int8(fp32, out, "dynamic", calib, smooth=alpha, scores_fp32=False)
         err[alpha] = (ort_runner(ort_session(out))(x)[0] - ref).abs().mean().item()
-    assert err[0.5] < 0.75 * err[0.0], err
+    # Without VNNI onnxruntime's u8 x s8 kernel sums pairs into saturating int16, an error
+    # smoothing does not remove, so the bar is lower there (README, int8 section)
+    vnni = any(f in _cpu_flags() for f in ("avx512_vnni", "avx_vnni", "asimddp"))
+    assert err[0.5] < (0.75 if vnni else 0.9) * err[0.0], err
 
 
 def ln_transpose_matmul(perm: list[int]) -> onnx.ModelProto:
