@@ -4,12 +4,12 @@
     python benchmarks/optimizer_step.py --models vit_mnist,vit_small_patch16_224 --threads 2
 
 The evidence behind ``build_optimizer`` (``vision_tfm/train/engine.py``) running AdamW fused.
-Each variant is built by ``build_optimizer``'s own call (timm's ``create_optimizer_v2``, weight
-decay groups included) on one model with gradients in place, and times what a training step
-spends after ``backward``: gradient clipping, then ``step()``. The variants take turns in
-rounds (order flipped each round) and the best round is kept, since other load only ever slows
-a round down. The last column is the fused update's speed over the loop's; the footer names
-the CPU.
+Each variant is built through timm's ``create_optimizer_v2``, as ``build_optimizer`` builds
+it (weight-decay groups included), on one model with gradients in place, and times what a
+training step spends after ``backward``: gradient clipping, then ``step()``. The variants
+take turns in rounds (order flipped each round) and the best round is kept, since other load
+only ever slows a round down. The last column is the fused update's speed over the loop's;
+the footer names the CPU.
 """
 
 from __future__ import annotations

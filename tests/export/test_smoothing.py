@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import vision_tfm as vt
+from vision_tfm.export.flops import cpu_description
 from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
 from vision_tfm.export.quantize import SMOOTH_ALPHAS, quantize_int8, score_projections
 from vision_tfm.export.smoothing import balanceable_norms, smooth_onnx
@@ -111,20 +112,6 @@ def test_a_norm_that_feeds_a_residual_is_left_alone(tmp_path: Path) -> None:
     assert smooth_onnx(graph, [{INPUT_NAME: x}]) == 0
 
 
-def _cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {
-        f
-        for line in text.splitlines()
-        if line.startswith(("flags", "Features"))
-        for f in line.split(":", 1)[1].split()
-    }
-
-
 def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: Path) -> None:
     model = outlier_model("vit_mnist", gain=100.0)
     fp32 = export(model, (1, 28, 28), tmp_path / "m.onnx", frozenset({"batch"}))
@@ -139,7 +126,7 @@ def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: P
         err[alpha] = (ort_runner(ort_session(out))(x)[0] - ref).abs().mean().item()
     # Without VNNI onnxruntime's u8 x s8 kernel sums pairs into saturating int16, an error
     # smoothing does not remove, so the bar is lower there (README, int8 section)
-    vnni = any(f in _cpu_flags() for f in ("avx512_vnni", "avx_vnni", "asimddp"))
+    vnni = "vnni" in cpu_description()  # the ISA list it prints: avx_vnni, avx512_vnni
     assert err[0.5] < (0.75 if vnni else 0.9) * err[0.0], err
 
 
