@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,14 @@ import torch
 
 import vision_tfm as vt
 from vision_tfm.models.registry import get_model_entry
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the workers split the cores: each worker's default of one intra-op
+    thread per core would put ``workers x cores`` spinning OpenMP threads on the machine."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 def _as_word(name: str) -> str:
