@@ -38,6 +38,7 @@ import torch
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.layers.attention_dispatch import (
     attention_plan,
+    cpu_amx,
     cpu_capability,
     cpu_native_bf16,
     explicit_attention,
@@ -153,7 +154,8 @@ def main() -> None:
                     )
     print(
         f"\nCPU: {cpu_description()}; capability {cpu_capability()}, native bf16 "
-        f"{cpu_native_bf16()}; {torch.get_num_threads()} threads; torch {torch.__version__}"
+        f"{cpu_native_bf16()}, AMX {cpu_amx()}; {torch.get_num_threads()} threads; "
+        f"torch {torch.__version__}"
     )
     print("\n| case | precision | mode | batch | ms per path | picked | picked / best |")
     print("|---|---|---|---|---|---|---|")

@@ -46,6 +46,7 @@ import vision_tfm as vt
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 from vision_tfm.layers import attention_dispatch
 from vision_tfm.layers.attention_dispatch import (
+    cpu_amx,
     cpu_capability,
     cpu_native_bf16,
     emulated_bf16_note,
@@ -279,7 +280,7 @@ def main() -> None:
                         )
     print(
         f"\nCPU: {cpu_description()}; ATen capability {cpu_capability()}, native bf16 "
-        f"{cpu_native_bf16()}; torch {torch.__version__}, timm {timm.__version__}"
+        f"{cpu_native_bf16()}, AMX {cpu_amx()}; torch {torch.__version__}, timm {timm.__version__}"
     )
     measured = [f"{p} {t} thr {v:.0f} GFLOP/s" for (t, p), v in ceilings.items() if v is not None]
     if measured:

@@ -11,8 +11,9 @@ from vision_tfm.layers import Attention
 from vision_tfm.layers import attention_dispatch as dispatch
 from vision_tfm.layers.attention_dispatch import AttentionPlan, attention_plan
 
-AVX512_AMX = ("AVX512", True)  # native bf16 (AVX512_BF16 / AMX)
-AVX2 = ("AVX2", False)  # bf16 emulated in fp32 units
+AVX512_AMX = ("AVX512", True, True)  # native bf16 with AMX tiles (Intel Xeon)
+AVX512_BF16 = ("AVX512", True, False)  # native bf16, dot-product units only (AMD Zen 4/5)
+AVX2 = ("AVX2", False, False)  # bf16 emulated in fp32 units
 
 
 def reference(attn: Attention, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -53,6 +54,28 @@ BRANCHES = {
         False,
         AttentionPlan(False, contiguous=True),
     ),
+    "bf16-dot-only-infer-explicit": (
+        AVX512_BF16,
+        torch.bfloat16,
+        False,
+        False,
+        AttentionPlan(False),
+    ),
+    "bf16-dot-only-windows-infer-explicit-upcast": (
+        AVX512_BF16,
+        torch.bfloat16,
+        False,
+        True,
+        AttentionPlan(False, upcast=True),
+    ),
+    "bf16-dot-only-train-explicit": (
+        AVX512_BF16,
+        torch.bfloat16,
+        True,
+        False,
+        AttentionPlan(False, contiguous=True),
+    ),
+    "fp32-dot-only-infer-sdpa": (AVX512_BF16, torch.float32, False, False, AttentionPlan(True)),
     "bf16-emulated-infer-sdpa": (AVX2, torch.bfloat16, False, True, AttentionPlan(True)),
     "bf16-emulated-train-sdpa": (AVX2, torch.bfloat16, True, False, AttentionPlan(True)),
     "bf16-emulated-windows-train-sdpa": (AVX2, torch.bfloat16, True, True, AttentionPlan(True)),
@@ -90,7 +113,7 @@ def test_need_weights_takes_the_explicit_path_on_every_cpu(fake_cpu):
     torch.manual_seed(0)
     attn = Attention(32, 4).eval()
     x, bias = torch.randn(2, 3, 16, 32), torch.randn(3, 4, 16, 16)
-    for cpu in (AVX512_AMX, AVX2):
+    for cpu in (AVX512_AMX, AVX512_BF16, AVX2):
         fake_cpu(*cpu)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             out, weights = attn(x, bias=bias, return_attn=True)
@@ -119,10 +142,12 @@ def test_capability_is_a_constant_under_compile():
     def pick(q: torch.Tensor) -> torch.Tensor:
         return q * 2 if attention_plan(q, True, need_weights=False).fused else q * 3
 
-    q = torch.randn(2, 3, 4, 16, 8)
     compiled = torch.compile(pick, fullgraph=True, backend="eager")
-    torch.testing.assert_close(compiled(q), pick(q))
+    for dtype in (torch.float32, torch.bfloat16):  # bf16 reads native bf16 and AMX too
+        q = torch.randn(2, 3, 4, 16, 8, dtype=dtype)
+        torch.testing.assert_close(compiled(q), pick(q))
     assert dispatch.cpu_capability() == torch.backends.cpu.get_cpu_capability()
+    assert dispatch.cpu_amx() == torch.cpu._is_amx_tile_supported()
 
 
 def test_emulated_bf16_warns_once_with_the_measured_factor(fake_cpu, caplog):

@@ -68,6 +68,23 @@ def cpu_native_bf16() -> bool:
 
 
 @functools.cache
+def _cpu_amx() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.cpu._is_amx_tile_supported()
+
+
+@torch.compiler.assume_constant_result
+def cpu_amx() -> bool:
+    """AMX tiles (Intel Xeon since Sapphire Rapids): oneDNN's bf16 SDPA and GEMM kernels
+    run on them; CPUs with AVX512_BF16 alone (AMD Zen 4 and 5) have dot-product units only."""
+    return _cpu_amx()
+
+
+def bf16_dot_units_only() -> bool:
+    """Native bf16 from AVX512_BF16 dot products without AMX: SDPA's bf16 kernel is slow there."""
+    return cpu_native_bf16() and not cpu_amx() and cpu_capability().startswith("AVX512")
+
+
+@functools.cache
 def bf16_matmul_slowdown(n: int = 256) -> float:
     """How many times longer a bf16 ``n x n`` matmul takes than an fp32 one on this CPU (best
     of 3 each, after a warm-up): tens of milliseconds where bf16 is emulated."""
@@ -113,8 +130,9 @@ class AttentionPlan(NamedTuple):
 
 
 def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> AttentionPlan:
-    """SDPA unless the weights are wanted or the explicit path measured faster (training
-    only: in bf16 on a CPU with native bf16, and Swin windows).
+    """SDPA unless the weights are wanted or the explicit path measured faster: in training,
+    bf16 on a CPU with native bf16, and Swin windows; in inference, bf16 on a CPU whose bf16
+    is AVX512_BF16 without AMX.
 
     Args:
         q: Queries ``(..., h, N, d)``; more than 4 dims means Swin windows.
@@ -125,12 +143,14 @@ def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> Atten
     if not need_weights:
         if q.device.type != "cpu":
             return AttentionPlan(fused=True)  # CUDA and others: no measurement says otherwise
-        if not training:
-            # inference, every CPU kind and dtype: benchmarks/bench_vs_timm.py --attn sdpa /
-            # explicit (ViT-S and Swin-T, whole model, bf16 with native bf16) and
-            # benchmarks/attention_dispatch.py (layer level) both put SDPA ahead
-            return AttentionPlan(fused=True)
         bf16 = q.dtype == torch.bfloat16
+        # inference: benchmarks/bench_vs_timm.py --attn sdpa / explicit (ViT-S and Swin-T,
+        # whole model) and benchmarks/attention_dispatch.py (layer level) put SDPA ahead in
+        # fp32 on every CPU kind, and in bf16 with AMX or where bf16 is emulated; with
+        # AVX512_BF16 and no AMX (AMD Zen 5) SDPA's bf16 kernel lost to two bf16 matmuls
+        # around a softmax on both models, ViT-S by a fifth
+        if not training and not (bf16 and bf16_dot_units_only()):
+            return AttentionPlan(fused=True)
         # benchmarks/attention_dispatch.py, training, on each CPU kind:
         # - bf16 emulated (AVX2): SDPA's kernels beat emulated bf16 matmuls, windows included;
         # - bf16 native (AVX512_BF16, AMX): two bf16 matmuls around a softmax beat SDPA's
@@ -141,8 +161,9 @@ def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> Atten
             return AttentionPlan(fused=True)
         if not (bf16 or q.dim() > 4):
             return AttentionPlan(fused=True)
-    # inference reaches here only when the weights are wanted: bias and softmax in fp32 hand
-    # them back unrounded; under autograd the fp32 backward costs more (bench_vs_timm.py).
+    # inference: bias and softmax in fp32 hand back unrounded weights, and on the bf16 path
+    # above keep Swin's bias + mask exact; under autograd the fp32 backward costs more
+    # (bench_vs_timm.py).
     upcast = has_bias and q.dtype in LOW_PRECISION and not training
     # benchmarks/bench_vs_timm.py (Swin-T, whole model): contiguous q, k, v speed up the eager
     # training step's matmuls; in inference the strided views are faster, and graphs
