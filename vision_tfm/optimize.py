@@ -7,6 +7,8 @@
   added to it once per input size (cached);
 - attention on the fused SDPA path (the explicit one where it measured faster, see
   ``layers/attention_dispatch.py``);
+- fp32 Linear layers on oneDNN where it measured faster than the BLAS on this CPU (AMD
+  CPUs with AVX-512, see ``layers/linear.py``);
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
 - optionally ``torch.compile`` with freezing (weights become constants Inductor folds and
   pre-packs); off by default, since compiling each input shape pays off only in a server.
@@ -22,6 +24,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from .layers import Block, LayerScale, set_fused_attn
 from .layers.attention_dispatch import warn_if_bf16_emulated
+from .layers.linear import onednn_linear_pays, use_onednn_linears
 
 __all__ = ["optimize_for_inference"]
 
@@ -104,11 +107,13 @@ def optimize_for_inference(
     for m in model.modules():
         if hasattr(m, "freeze_bias"):
             m.freeze_bias()
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
     if dtype is not None:
         model.to(dtype)  # frozen biases are buffers: cast with the weights
-        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
         if dtype == torch.bfloat16 and on_cpu:
             warn_if_bf16_emulated("leave dtype at fp32 (None)")
+    if on_cpu and dtype in (None, torch.float32) and not compile and onednn_linear_pays():
+        use_onednn_linears(model)  # Inductor (compile) packs its own GEMM weights
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position
         # tables and padding become constants); a new shape recompiles.

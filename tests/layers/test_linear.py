@@ -1,0 +1,65 @@
+"""oneDNN fp32 Linear: a speed swap that changes no result, key or gradient."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import input_size
+from torch import nn
+
+import vision_tfm as vt
+from vision_tfm import optimize
+from vision_tfm.layers.linear import OneDnnLinear, onednn_linear_speedup, use_onednn_linears
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
+)
+
+
+@pytest.mark.parametrize("pays", [True, False])
+@pytest.mark.parametrize("name", ["vit_test", "swin_test", "hybrid_test"])
+def test_optimize_swaps_linears_only_where_onednn_measured_faster(monkeypatch, name, pays):
+    monkeypatch.setattr(optimize, "onednn_linear_pays", lambda: pays)
+    torch.manual_seed(0)
+    model = vt.create_model(name).eval()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, *input_size(model))
+    with torch.no_grad():
+        want = ref(x)
+    fast = vt.optimize_for_inference(model)
+    swapped = [m for m in fast.modules() if isinstance(m, OneDnnLinear)]
+    plain = [m for m in fast.modules() if type(m) is nn.Linear]
+    assert (len(swapped) > 0 and not plain) if pays else (not swapped and plain)
+    assert list(fast.state_dict()) == list(vt.optimize_for_inference(ref).state_dict())
+    with torch.no_grad():
+        got = fast(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_linear_shares_parameters_and_falls_back_under_autograd_and_bf16():
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    fast = OneDnnLinear.from_linear(lin)
+    assert fast.weight is lin.weight and fast.bias is lin.bias
+    x = torch.randn(3, 5, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), lin(x), atol=1e-5, rtol=1e-5)
+    xg = x.clone().requires_grad_()
+    fast(xg).square().sum().backward()  # autograd: F.linear, so gradients flow
+    (ref_grad,) = torch.autograd.grad(
+        F.linear(x.requires_grad_(), lin.weight, lin.bias).square().sum(), x
+    )
+    torch.testing.assert_close(xg.grad, ref_grad)
+    with torch.no_grad():
+        out = fast.to(torch.bfloat16)(x.detach().bfloat16())
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 5, 40)
+
+
+def test_swap_counts_every_plain_linear_and_the_probe_reads_a_ratio():
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Sequential(nn.Linear(8, 2)))
+    assert use_onednn_linears(model) == 2
+    assert use_onednn_linears(model) == 0  # already swapped
+    assert onednn_linear_speedup(m=16, k=32, n=64) > 0

@@ -1,0 +1,90 @@
+"""fp32 Linear layers through oneDNN where this CPU's BLAS leaves its vector units idle.
+
+torch's fp32 ``addmm`` on x86 calls MKL. On AMD CPUs MKL runs its AVX2 kernels even where
+the CPU has AVX-512 (a 2-core Zen 5 measured 96-103 GFLOP/s per thread for MKL against
+213-236 for oneDNN on the same GEMMs, ``benchmarks/bench_vs_timm.py`` and the README's speed
+section), while oneDNN, also in every x86 torch build, picks the kernels by the CPU's flags.
+Whether it pays is measured, not inferred from a vendor string: :func:`onednn_linear_speedup`
+times both libraries on one ViT-S-sized GEMM, once per process, and
+``optimize_for_inference`` swaps Linear layers only where oneDNN won by
+:data:`ONEDNN_MIN_SPEEDUP`. On an Intel CPU, where MKL runs AVX-512, the two tie and nothing
+changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ONEDNN_MIN_SPEEDUP = 1.3  # below this the probe's noise could pick the slower library
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@functools.cache
+def onednn_linear_speedup(m: int = 256, k: int = 384, n: int = 1536) -> float:
+    """How many times faster oneDNN runs an fp32 ``(m, k) x (k, n)`` Linear than torch's BLAS
+    here (best of 5 each, after a warm-up, at the current thread count); 0 without oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return 0.0
+    x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    best = {}
+    with torch.inference_mode():
+        for name, fn in (("blas", F.linear), ("onednn", _onednn_linear)):
+            fn(x, w, b)
+            runs = []
+            for _ in range(5):
+                t = time.perf_counter()
+                fn(x, w, b)
+                runs.append(time.perf_counter() - t)
+            best[name] = min(runs)
+    return best["blas"] / best["onednn"]
+
+
+def onednn_linear_pays() -> bool:
+    """oneDNN's fp32 Linear measured :data:`ONEDNN_MIN_SPEEDUP` or more ahead of the BLAS."""
+    return onednn_linear_speedup() >= ONEDNN_MIN_SPEEDUP
+
+
+class OneDnnLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters and state-dict keys) whose fp32 CPU inference runs
+    oneDNN's GEMM; with autograd, other dtypes or devices, and while tracing or exporting it
+    is ``F.linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        graph = torch.jit.is_tracing() or torch.compiler.is_compiling()
+        if (
+            graph
+            or x.requires_grad
+            or self.weight.requires_grad
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or self.weight.dtype != torch.float32
+        ):
+            return F.linear(x, self.weight, self.bias)
+        return _onednn_linear(x, self.weight, self.bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> OneDnnLinear:
+        """The same layer, sharing ``linear``'s parameters."""
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, "meta")
+        new.weight, new.bias = linear.weight, linear.bias
+        return new.train(linear.training)
+
+
+def use_onednn_linears(model: nn.Module) -> int:
+    """Swap every plain ``nn.Linear`` of ``model`` for :class:`OneDnnLinear` (in place);
+    returns how many were swapped."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, OneDnnLinear.from_linear(child))
+                swapped += 1
+    return swapped
