@@ -30,55 +30,22 @@ def reference(attn: Attention, x: torch.Tensor, bias: torch.Tensor | None) -> to
 
 
 # (cpu, dtype, training, windows, the plan the dispatch makes of it)
+F32, B16 = torch.float32, torch.bfloat16
+SDPA, EXPLICIT = AttentionPlan(True), AttentionPlan(False)
+CONTIG, UPCAST = AttentionPlan(False, contiguous=True), AttentionPlan(False, upcast=True)
 BRANCHES = {
-    "fp32-infer-sdpa-folded": (AVX512_AMX, torch.float32, False, True, AttentionPlan(True)),
-    "fp32-windows-train-explicit": (
-        AVX512_AMX,
-        torch.float32,
-        True,
-        True,
-        AttentionPlan(False, contiguous=True),
-    ),
-    "bf16-native-infer-sdpa": (AVX512_AMX, torch.bfloat16, False, False, AttentionPlan(True)),
-    "bf16-native-windows-infer-sdpa": (
-        AVX512_AMX,
-        torch.bfloat16,
-        False,
-        True,
-        AttentionPlan(True),
-    ),
-    "bf16-native-train-explicit": (
-        AVX512_AMX,
-        torch.bfloat16,
-        True,
-        False,
-        AttentionPlan(False, contiguous=True),
-    ),
-    "bf16-dot-only-infer-explicit": (
-        AVX512_BF16,
-        torch.bfloat16,
-        False,
-        False,
-        AttentionPlan(False),
-    ),
-    "bf16-dot-only-windows-infer-explicit-upcast": (
-        AVX512_BF16,
-        torch.bfloat16,
-        False,
-        True,
-        AttentionPlan(False, upcast=True),
-    ),
-    "bf16-dot-only-train-explicit": (
-        AVX512_BF16,
-        torch.bfloat16,
-        True,
-        False,
-        AttentionPlan(False, contiguous=True),
-    ),
-    "fp32-dot-only-infer-sdpa": (AVX512_BF16, torch.float32, False, False, AttentionPlan(True)),
-    "bf16-emulated-infer-sdpa": (AVX2, torch.bfloat16, False, True, AttentionPlan(True)),
-    "bf16-emulated-train-sdpa": (AVX2, torch.bfloat16, True, False, AttentionPlan(True)),
-    "bf16-emulated-windows-train-sdpa": (AVX2, torch.bfloat16, True, True, AttentionPlan(True)),
+    "fp32-infer-sdpa-folded": (AVX512_AMX, F32, False, True, SDPA),
+    "fp32-windows-train-explicit": (AVX512_AMX, F32, True, True, CONTIG),
+    "bf16-native-infer-sdpa": (AVX512_AMX, B16, False, False, SDPA),
+    "bf16-native-windows-infer-sdpa": (AVX512_AMX, B16, False, True, SDPA),
+    "bf16-native-train-explicit": (AVX512_AMX, B16, True, False, CONTIG),
+    "bf16-dot-only-infer-explicit": (AVX512_BF16, B16, False, False, EXPLICIT),
+    "bf16-dot-only-windows-infer-explicit-upcast": (AVX512_BF16, B16, False, True, UPCAST),
+    "bf16-dot-only-train-explicit": (AVX512_BF16, B16, True, False, CONTIG),
+    "fp32-dot-only-infer-sdpa": (AVX512_BF16, F32, False, False, SDPA),
+    "bf16-emulated-infer-sdpa": (AVX2, B16, False, True, SDPA),
+    "bf16-emulated-train-sdpa": (AVX2, B16, True, False, SDPA),
+    "bf16-emulated-windows-train-sdpa": (AVX2, B16, True, True, SDPA),
 }
 
 
