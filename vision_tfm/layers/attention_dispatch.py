@@ -148,7 +148,7 @@ def attention_plan(q: torch.Tensor, has_bias: bool, need_weights: bool) -> Atten
         # whole model) and benchmarks/attention_dispatch.py (layer level) put SDPA ahead in
         # fp32 on every CPU kind, and in bf16 with AMX or where bf16 is emulated; with
         # AVX512_BF16 and no AMX (AMD Zen 5) SDPA's bf16 kernel lost to two bf16 matmuls
-        # around a softmax on both models, ViT-S by a fifth
+        # around a softmax on both models
         if not training and not (bf16 and bf16_dot_units_only()):
             return AttentionPlan(fused=True)
         # benchmarks/attention_dispatch.py, training, on each CPU kind:

@@ -1,9 +1,9 @@
 """fp32 Linear layers through oneDNN where this CPU's BLAS leaves its vector units idle.
 
 torch's fp32 ``addmm`` on x86 calls MKL. On AMD CPUs MKL runs its AVX2 kernels even where
-the CPU has AVX-512 (a 2-core Zen 5 measured 96-103 GFLOP/s per thread for MKL against
-213-236 for oneDNN on the same GEMMs, ``benchmarks/bench_vs_timm.py`` and the README's speed
-section), while oneDNN, also in every x86 torch build, picks the kernels by the CPU's flags.
+the CPU has AVX-512, while oneDNN, also in every x86 torch build, picks its kernels by the
+CPU's flags (the figures: the README's speed section, "AMD EPYC, AVX-512 with AVX512_BF16",
+measured with ``benchmarks/bench_vs_timm.py``).
 Whether it pays is measured, not inferred from a vendor string: :func:`onednn_linear_speedup`
 times both libraries on one ViT-S-sized GEMM, once per process, and
 ``optimize_for_inference`` swaps Linear layers only where oneDNN won by
