@@ -22,12 +22,13 @@ Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 we
 the bf16 case); training uses the plain model. ``--compile`` compiles both, so compiled is
 measured against compiled: ours through ``optimize_for_inference(compile=True)`` (with
 freezing) in inference and the plain ``torch.compile`` that ``run.compile`` uses in
-training, the reference through ``torch.compile`` with the same options; it reports ours'
-compile time, i.e. the first call's time less a steady call's. ``grasp_hybrid_s`` is compared
-with its own unoptimised version (timm has no such model). ``--check`` exits 1, after the
-table, when any case runs below ``CHECK_MIN`` (0.95x) its reference. ``--attn sdpa`` or
-``--attn explicit`` overrides the attention dispatch in ours (``auto``, the default, is what
-users get), to settle a rule of ``vision_tfm/layers/attention_dispatch.py`` at the model level.
+training, the reference the same way (frozen through ``FrozenCompiled`` in inference); it
+reports ours' compile time, i.e. the first call's time less a steady call's.
+``grasp_hybrid_s`` is compared with its own unoptimised version (timm has no such model).
+``--check`` exits 1, after the table, when any case runs below ``CHECK_MIN`` (0.95x) its
+reference. ``--attn sdpa`` or ``--attn explicit`` overrides the attention dispatch in ours
+(``auto``, the default, is what users get), to settle a rule of
+``vision_tfm/layers/attention_dispatch.py`` at the model level.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from vision_tfm.layers.attention_dispatch import (
     cpu_native_bf16,
     emulated_bf16_note,
 )
+from vision_tfm.optimize import FrozenCompiled
 
 CHECK_MIN = 0.95  # --check: the slowest ratio against the reference that passes
 PAIRS = {
@@ -126,7 +128,7 @@ def build(kind: str, prec: str, mode: str, compile: bool = False):
         dtype = torch.bfloat16 if prec == "bf16" else None
         ours = vt.optimize_for_inference(ours, dtype=dtype, compile=compile)
         if compile:
-            ref = torch.compile(ref, dynamic=False, options={"freezing": True})
+            ref = FrozenCompiled(ref)
     else:
         ours.train()
         ref.train()

@@ -3,9 +3,12 @@
 import pytest
 import torch
 from conftest import input_size
+from torch._dynamo.utils import counters
 
 import vision_tfm as vt
+from vision_tfm import optimize
 from vision_tfm.layers import LayerScale
+from vision_tfm.layers.linear import OneDnnLinear
 
 
 def _warm_bn(m, x):
@@ -76,14 +79,24 @@ def test_optimize_bf16_weights_stay_close():
     assert (back - ref).abs().max().item() < 0.05
 
 
-def test_optimize_compiled_matches_eager():
-    """The compiled (frozen) path gives the eager outputs; masks and biases fold in as constants."""
+@pytest.mark.parametrize("onednn", [False, True])
+def test_optimize_compiled_is_frozen_and_matches_eager(monkeypatch, onednn):
+    """The compiled path really freezes: Inductor packs the GEMM weights, which it does only
+    for graph constants (``options={"freezing": True}`` alone left them graph inputs), with
+    the BLAS or, where it measured faster, oneDNN; outputs stay the eager ones."""
+    monkeypatch.setattr(optimize, "onednn_linear_pays", lambda: onednn)
+    counters.clear()
     m, x, ref = _swin_and_reference()
     fast = vt.optimize_for_inference(m, compile=True)
-    assert fast._orig_mod is m
-    with torch.inference_mode():
-        out = fast(x)
+    assert fast._orig_mod is m and fast.num_classes == m.num_classes
+    swapped = [q for q in m.modules() if isinstance(q, OneDnnLinear)]
+    assert all(q.frozen_graph for q in swapped) and bool(swapped) == onednn
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cache hit packs nothing
+        out = fast(x)  # grad mode on: the wrapper runs without autograd
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert not out.requires_grad and not torch._inductor.config.freezing
+    packed = "reshape_linear_reshape" if onednn else "linear_weight_pack"
+    assert counters["inductor"][f"mkldnn_{packed}_matcher_count"] > 0, dict(counters["inductor"])
 
 
 @pytest.mark.parametrize("name", ["vit_test", "swin_test", "hybrid_test", "grasp_hybrid_t"])

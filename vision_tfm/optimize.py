@@ -11,7 +11,8 @@
   CPUs with AVX-512, see ``layers/linear.py``);
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
 - optionally ``torch.compile`` with freezing (weights become constants Inductor folds and
-  pre-packs); off by default, since compiling each input shape pays off only in a server.
+  pre-packs; :class:`FrozenCompiled`); off by default, since compiling each input shape
+  pays off only in a server.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .layers import Block, LayerScale, set_fused_attn
 from .layers.attention_dispatch import warn_if_bf16_emulated
 from .layers.linear import onednn_linear_pays, use_onednn_linears
 
-__all__ = ["optimize_for_inference"]
+__all__ = ["FrozenCompiled", "optimize_for_inference"]
 
 # the names people write for a weight dtype; a torch.dtype works as well
 DTYPES = {
@@ -78,6 +79,36 @@ def _fold_layer_scale(module: nn.Module) -> None:
                 setattr(blk, ls_name, nn.Identity())
 
 
+class FrozenCompiled(nn.Module):
+    """``torch.compile(model)`` run with Inductor's freezing on, under ``no_grad``.
+
+    ``torch.compile(options={"freezing": True})`` does not freeze on its own: Dynamo decides
+    whether parameters become graph constants from the global ``torch._inductor.config``
+    while it traces (``torch._dynamo.utils.is_parameter_freezing``), so with the option alone
+    the weights stay graph inputs, nothing is folded or pre-packed. Here every call (and so
+    every trace and recompile) sees freezing on, without changing the flag for the rest of
+    the process. ``_orig_mod`` is the model, as on torch's compiled wrapper.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = model
+        # not a submodule: the model is registered once, as _orig_mod
+        self.__dict__["_compiled"] = torch.compile(model, dynamic=False)
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_orig_mod":
+                raise
+            return getattr(self._orig_mod, name)  # the model's attributes (num_classes...)
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        with torch._inductor.config.patch(freezing=True), torch.no_grad():
+            return self._compiled(*args, **kwargs)
+
+
 @torch.no_grad()
 def optimize_for_inference(
     model: nn.Module, dtype: torch.dtype | str | None = None, compile: bool = False
@@ -85,9 +116,8 @@ def optimize_for_inference(
     """Fold and freeze ``model`` for inference (in place); see the module docstring.
 
     The result must not be trained further: folded BatchNorm and frozen biases no longer
-    follow parameter updates. With ``compile`` the return value is a compiled wrapper around
-    the (still folded in place) model; call it under ``torch.inference_mode()`` or
-    ``torch.no_grad()``, which freezing needs to treat the weights as constants.
+    follow parameter updates. With ``compile`` the return value is a :class:`FrozenCompiled`
+    wrapper around the (still folded in place) model; it runs without autograd.
     ``dtype`` takes a floating ``torch.dtype`` or a name such as ``"bf16"``; inputs must then
     come in that dtype (or run under autocast).
     """
@@ -112,10 +142,10 @@ def optimize_for_inference(
         model.to(dtype)  # frozen biases are buffers: cast with the weights
         if dtype == torch.bfloat16 and on_cpu:
             warn_if_bf16_emulated("leave dtype at fp32 (None)")
-    if on_cpu and dtype in (None, torch.float32) and not compile and onednn_linear_pays():
-        use_onednn_linears(model)  # Inductor (compile) packs its own GEMM weights
+    if on_cpu and dtype in (None, torch.float32) and onednn_linear_pays():
+        use_onednn_linears(model, frozen_graph=compile)  # else Inductor packs for the BLAS
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position
         # tables and padding become constants); a new shape recompiles.
-        return torch.compile(model, dynamic=False, options={"freezing": True})
+        return FrozenCompiled(model)
     return model

@@ -24,7 +24,9 @@ ONEDNN_MIN_SPEEDUP = 1.3  # below this the probe's noise could pick the slower l
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    # 2-D in and out: Inductor's reshape-linear-reshape pass asserts on a 3-D/4-D view
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 @functools.cache
@@ -55,10 +57,18 @@ def onednn_linear_pays() -> bool:
 class OneDnnLinear(nn.Linear):
     """An ``nn.Linear`` (same parameters and state-dict keys) whose fp32 CPU inference runs
     oneDNN's GEMM; with autograd, other dtypes or devices, and while tracing or exporting it
-    is ``F.linear``."""
+    is ``F.linear``.
+
+    Under ``torch.compile`` it emits the oneDNN op only when ``frozen_graph`` is set, i.e. the
+    graph is compiled with freezing (``optimize_for_inference(compile=True)``): Inductor
+    lowers the op only with its weight a graph constant, and left to itself it gives fp32
+    GEMMs to the BLAS again.
+    """
+
+    frozen_graph: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        graph = torch.jit.is_tracing() or torch.compiler.is_compiling()
+        graph = torch.jit.is_tracing() or (torch.compiler.is_compiling() and not self.frozen_graph)
         if (
             graph
             or x.requires_grad
@@ -78,13 +88,16 @@ class OneDnnLinear(nn.Linear):
         return new.train(linear.training)
 
 
-def use_onednn_linears(model: nn.Module) -> int:
+def use_onednn_linears(model: nn.Module, frozen_graph: bool = False) -> int:
     """Swap every plain ``nn.Linear`` of ``model`` for :class:`OneDnnLinear` (in place);
-    returns how many were swapped."""
+    returns how many were swapped. ``frozen_graph``: the model will only run compiled with
+    freezing (see :class:`OneDnnLinear`)."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, OneDnnLinear.from_linear(child))
+                child = OneDnnLinear.from_linear(child)
+                child.frozen_graph = frozen_graph
+                setattr(parent, name, child)
                 swapped += 1
     return swapped
