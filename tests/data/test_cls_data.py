@@ -173,6 +173,26 @@ def test_mnist_forced_rgb_resized_and_subset() -> None:
     assert torch.equal(x[0], x[1]) and torch.equal(x[1], x[2])
 
 
+def test_holdout_validates_on_unaugmented_training_samples_never_trained_on() -> None:
+    data = build_cls_datasets(DataConfig(holdout=300), AugConfig())
+    assert (len(data.train), len(data.val)) == (7700, 300)
+    held, kept = set(data.val.indices), set(data.train.indices)
+    assert not held & kept and len(held | kept) == 8000
+    train_x, train_y = load_mnist("train")
+    i = data.val.indices[5]
+    x, y = data.val[5]
+    assert y == train_y[i]  # a training sample, under the eval transform (exact, no aug)
+    np.testing.assert_allclose(
+        x[0].numpy(), (train_x[i].astype(np.float32) / 255.0 - 0.1307) / 0.3081, atol=1e-5
+    )
+    again = build_cls_datasets(DataConfig(holdout=300, train_subset=1000), AugConfig())
+    assert again.val.indices == data.val.indices and len(again.train) == 1000
+    subset = {again.train.dataset.indices[j] for j in again.train.indices}  # in the 8000
+    assert len(subset) == 1000 and not subset & held  # drawn from what is left
+    with raises_naming(ValueError, "data.holdout", 8000):
+        build_cls_datasets(DataConfig(holdout=8000), AugConfig())
+
+
 def test_color_jitter_only_for_rgb() -> None:
     aug = AugConfig(kind="rrc", color_jitter=0.4, hflip=0.5)
     gray = build_train_transform(DataConfig(), aug)

@@ -7,6 +7,7 @@ MNIST is 1 channel, CIFAR-10 3, ImageFolder RGB (3) unless `DataConfig.in_chans`
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 TRAIN_SUBSET_SEED = 0
+HOLDOUT_SEED = 1  # not TRAIN_SUBSET_SEED: a subset must not be the held-out samples
 
 
 @dataclass
@@ -91,6 +93,16 @@ def build_cls_datasets(cfg: DataConfig, aug: AugConfig) -> ClsData:
         else:
             tx, ty, vx, vy, names = load_cifar10(cfg.root)
         train, val = ArrayDataset(tx, ty, train_tf), ArrayDataset(vx, vy, val_tf)
+    if cfg.holdout:
+        if cfg.holdout >= len(train):
+            raise ConfigError(
+                f"data.holdout={cfg.holdout} must be below the {len(train)} training samples"
+            )
+        order = np.random.default_rng(HOLDOUT_SEED).permutation(len(train))
+        held = copy.copy(train)  # the same samples, seen as validation sees them
+        held.transform = val_tf
+        val = Subset(held, np.sort(order[: cfg.holdout]).tolist())
+        train = Subset(train, np.sort(order[cfg.holdout :]).tolist())
     if 0 < cfg.train_subset < len(train):
         # Seeded and sorted: ImageFolder samples are grouped by class, so a prefix would not do.
         keep = np.random.default_rng(TRAIN_SUBSET_SEED).permutation(len(train))[: cfg.train_subset]

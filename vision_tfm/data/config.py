@@ -102,6 +102,9 @@ class DataConfig(Checked):
         std: Per-channel normalisation std; empty = dataset default.
         crop_pct: Evaluation resizes the short side to img_size / crop_pct, then centre-crops.
         train_subset: Keep only this many (seeded random) training samples; 0 = all.
+        holdout: Validate on this many (seeded random) training samples, held out of
+            training, instead of the val split: a recipe is chosen on them, so the val
+            figure it reports was never looked at while choosing. 0 = off.
     """
 
     name: str = "mnist"
@@ -114,6 +117,7 @@ class DataConfig(Checked):
     std: tuple[float, ...] = ()
     crop_pct: float = 1.0
     train_subset: int = 0
+    holdout: int = 0
 
     SECTION: ClassVar[str] = "data"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -124,6 +128,7 @@ class DataConfig(Checked):
         "std": POSITIVE,
         "crop_pct": Range(0, 1, lo_open=True),
         "train_subset": NON_NEGATIVE,
+        "holdout": NON_NEGATIVE,
     }
     CHOICES: ClassVar[dict[str, tuple]] = {"name": DATASET_NAMES, "in_chans": (0, 1, 3)}
 
