@@ -38,9 +38,7 @@ import torch
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.layers.attention_dispatch import (
     attention_plan,
-    cpu_amx,
-    cpu_capability,
-    cpu_native_bf16,
+    dispatch_facts,
     explicit_attention,
     sdpa_attention,
 )
@@ -153,8 +151,7 @@ def main() -> None:
                         flush=True,
                     )
     print(
-        f"\nCPU: {cpu_description()}; capability {cpu_capability()}, native bf16 "
-        f"{cpu_native_bf16()}, AMX {cpu_amx()}; {torch.get_num_threads()} threads; "
+        f"\nCPU: {cpu_description()}; {dispatch_facts()}; {torch.get_num_threads()} threads; "
         f"torch {torch.__version__}"
     )
     print("\n| case | precision | mode | batch | ms per path | picked | picked / best |")

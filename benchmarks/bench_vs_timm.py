@@ -47,9 +47,8 @@ import vision_tfm as vt
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 from vision_tfm.layers import attention_dispatch
 from vision_tfm.layers.attention_dispatch import (
-    cpu_amx,
-    cpu_capability,
     cpu_native_bf16,
+    dispatch_facts,
     emulated_bf16_note,
 )
 from vision_tfm.optimize import FrozenCompiled
@@ -281,8 +280,8 @@ def main() -> None:
                             flush=True,
                         )
     print(
-        f"\nCPU: {cpu_description()}; ATen capability {cpu_capability()}, native bf16 "
-        f"{cpu_native_bf16()}, AMX {cpu_amx()}; torch {torch.__version__}, timm {timm.__version__}"
+        f"\nCPU: {cpu_description()}; {dispatch_facts()}; torch {torch.__version__}, "
+        f"timm {timm.__version__}"
     )
     measured = [f"{p} {t} thr {v:.0f} GFLOP/s" for (t, p), v in ceilings.items() if v is not None]
     if measured:

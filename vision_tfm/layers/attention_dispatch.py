@@ -102,6 +102,11 @@ def bf16_matmul_slowdown(n: int = 256) -> float:
     return best[torch.bfloat16] / best[torch.float32]
 
 
+def dispatch_facts() -> str:
+    """The CPU facts the dispatch reads, as benchmark footers print them."""
+    return f"ATen capability {cpu_capability()}, native bf16 {cpu_native_bf16()}, AMX {cpu_amx()}"
+
+
 def emulated_bf16_note() -> str | None:
     """One line saying bf16 is emulated on this CPU, with the probe's factor; None if native."""
     if cpu_native_bf16():

@@ -13,7 +13,8 @@ not shifted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
@@ -128,28 +129,60 @@ def unshift_windows(x: torch.Tensor, shift: tuple[int, int], size: tuple[int, in
     return x if (x.shape[1], x.shape[2]) == tuple(size) else x[:, : size[0], : size[1], :]
 
 
-def window_bias(
-    block: SwinBlock, Hp: int, Wp: int, shift: tuple[int, int], device: torch.device
+def add_shift_mask(
+    bias: torch.Tensor, Hp: int, Wp: int, ws: int, shift: tuple[int, int]
 ) -> torch.Tensor:
+    """``bias`` plus the shifted-window mask of a ``(Hp, Wp)`` map; the mask is shared per size."""
+    if symbolic(Hp, Wp):
+        mask = shifted_window_mask(Hp, Wp, ws, shift, bias.device)
+    else:
+        key = (Hp, Wp, ws, shift, bias.device)
+        mask = _MASKS.get(key, lambda: shifted_window_mask(Hp, Wp, ws, shift, bias.device))
+    return bias + mask.to(bias.dtype)
+
+
+_CONSTANT_BIASES: dict[int, Callable[..., torch.Tensor]] = {}
+"""Per shifted block, :func:`add_shift_mask` marked for Dynamo to run at trace time."""
+_BLOCK_IDS = itertools.count()
+
+
+def new_block_id() -> int:
+    """A process-unique id for a block, and its :func:`add_shift_mask` for compiled graphs.
+
+    The function runs at trace time and its result becomes a graph constant (frozen bias
+    only). Built inside the graph instead, the mask's roll and comparisons land in the
+    softmax kernel of every shifted block, and freezing does not fold them (they start from
+    constructors, not from constants). One function per block, made eagerly: Dynamo names
+    the constant after the function's code (two constants of one name break AOTAutograd),
+    and it must find a plain function, not one made while it traces.
+    """
+    block_id = next(_BLOCK_IDS)
+
+    def constant(*args: object) -> torch.Tensor:
+        return add_shift_mask(*args)
+
+    name = f"swin_shift_bias_{block_id}"
+    constant.__name__ = constant.__qualname__ = name
+    constant.__code__ = constant.__code__.replace(co_name=name)  # what Dynamo reads
+    _CONSTANT_BIASES[block_id] = torch.compiler.assume_constant_result(constant)
+    return block_id
+
+
+def window_bias(block: SwinBlock, Hp: int, Wp: int, shift: tuple[int, int]) -> torch.Tensor:
     """``block``'s relative position bias, plus the shifted-window mask when shifted.
 
     ``(heads, N, N)`` or ``(nW, heads, N, N)``. With a frozen bias (inference fast path) the
-    sum is cached per input size.
+    sum is cached per input size, and under ``torch.compile`` it is a graph constant.
     """
     bias, ws = block.attn.rel_bias(), block.window_size
-    if symbolic(Hp, Wp):
-        return bias + shifted_window_mask(Hp, Wp, ws, shift, device).to(bias.dtype)
+    if symbolic(Hp, Wp) or (any(shift) and block.attn.frozen_bias is None):
+        return add_shift_mask(bias, Hp, Wp, ws, shift)
     if not any(shift):
         return bias
-
-    def biased() -> torch.Tensor:
-        key = (Hp, Wp, ws, shift, device)
-        mask = _MASKS.get(key, lambda: shifted_window_mask(Hp, Wp, ws, shift, device))
-        return bias + mask.to(bias.dtype)
-
-    if block.attn.frozen_bias is None:
-        return biased()
-    return block._bias_cache.get((Hp, Wp, shift, device, bias.dtype), biased)
+    if torch.compiler.is_compiling():
+        return _CONSTANT_BIASES[block.block_id](bias, Hp, Wp, ws, shift)
+    key = (Hp, Wp, shift, bias.device, bias.dtype)
+    return block._bias_cache.get(key, lambda: add_shift_mask(bias, Hp, Wp, ws, shift))
 
 
 # fx leaf functions: they branch on the input size, which torch.fx.symbolic_trace does not know
@@ -184,8 +217,12 @@ class WindowAttention(Attention):
         )
 
     def freeze_bias(self) -> None:
-        """Gather the bias once for inference; the table must not change afterwards."""
-        self.frozen_bias = self.rel_bias().detach()
+        """Gather the bias once for inference; the table must not change afterwards.
+
+        Stored contiguous: the gathered view runs heads fastest, and a compiled softmax
+        that read it strided along the keys could not vectorise its max and exp.
+        """
+        self.frozen_bias = self.rel_bias().detach().contiguous()
 
 
 class SwinBlock(Block):
@@ -202,12 +239,17 @@ class SwinBlock(Block):
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
         self._bias_cache = TensorCache(BIAS_SIZES_CACHED)  # bias + mask, frozen path only
+        self.block_id = new_block_id()  # names its bias + mask constant in compiled graphs
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.block_id = new_block_id()  # a copy or unpickled block is another graph constant
 
     def attend(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         H, W, ws = x.shape[1], x.shape[2], self.window_size
         x, shift = shift_windows(x, ws, self.shift_size)  # (B, Hp, Wp, C)
         Hp, Wp = x.shape[1], x.shape[2]
-        bias = window_bias(self, Hp, Wp, shift, x.device)  # (heads, N, N) or (nW, heads, N, N)
+        bias = window_bias(self, Hp, Wp, shift)  # (heads, N, N) or (nW, heads, N, N)
         windows = self.attn(window_partition(x, ws), bias=bias)  # (B, nW, N, C)
         return unshift_windows(window_reverse(windows, ws, Hp, Wp), shift, (H, W))
 
