@@ -1,6 +1,7 @@
 """The inference fast path changes speed, not results."""
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import vision_tfm as vt
 from vision_tfm import optimize
 from vision_tfm.layers import LayerScale
 from vision_tfm.layers.linear import OneDnnLinear
+from vision_tfm.models import swin
 from vision_tfm.models.swin import SwinBlock
 
 
@@ -125,7 +127,12 @@ def test_compiled_swin_holds_shift_bias_as_constants():
         (eager,) = b._bias_cache._entries.values()  # bias + mask of the one size run
         torch.testing.assert_close(consts[f"swin_shift_bias_{b.block_id}"], eager, rtol=0, atol=0)
     # a copy (EMA, pickling) is another constant: one name twice in a graph breaks AOTAutograd
-    assert copy.deepcopy(shifted[0]).block_id != shifted[0].block_id
+    twin = copy.deepcopy(shifted[0])
+    twin_id = twin.block_id
+    assert twin_id != shifted[0].block_id and twin_id in swin._CONSTANT_BIASES
+    del twin
+    gc.collect()
+    assert twin_id not in swin._CONSTANT_BIASES  # its function goes with the block
 
 
 @pytest.mark.parametrize("name", ["vit_test", "swin_test", "hybrid_test", "grasp_hybrid_t"])

@@ -14,6 +14,7 @@ not shifted.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -146,8 +147,8 @@ _CONSTANT_BIASES: dict[int, Callable[..., torch.Tensor]] = {}
 _BLOCK_IDS = itertools.count()
 
 
-def new_block_id() -> int:
-    """A process-unique id for a block, and its :func:`add_shift_mask` for compiled graphs.
+def new_block_id(block: nn.Module) -> int:
+    """A process-unique id for ``block``, and its :func:`add_shift_mask` for compiled graphs.
 
     The function runs at trace time and its result becomes a graph constant (frozen bias
     only). Built inside the graph instead, the mask's roll and comparisons land in the
@@ -165,6 +166,7 @@ def new_block_id() -> int:
     constant.__name__ = constant.__qualname__ = name
     constant.__code__ = constant.__code__.replace(co_name=name)  # what Dynamo reads
     _CONSTANT_BIASES[block_id] = torch.compiler.assume_constant_result(constant)
+    weakref.finalize(block, _CONSTANT_BIASES.pop, block_id, None)  # gone with the block
     return block_id
 
 
@@ -239,11 +241,11 @@ class SwinBlock(Block):
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
         self._bias_cache = TensorCache(BIAS_SIZES_CACHED)  # bias + mask, frozen path only
-        self.block_id = new_block_id()  # names its bias + mask constant in compiled graphs
+        self.block_id = new_block_id(self)  # names its bias + mask constant in compiled graphs
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self.block_id = new_block_id()  # a copy or unpickled block is another graph constant
+        self.block_id = new_block_id(self)  # a copy or unpickled block is another graph constant
 
     def attend(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         H, W, ws = x.shape[1], x.shape[2], self.window_size
