@@ -107,7 +107,7 @@ def test_optimize_compiled_is_frozen_and_matches_eager(monkeypatch, onednn):
 def test_compiled_swin_holds_shift_bias_as_constants():
     """Under torch.compile a frozen shifted block's bias + mask is a graph constant, made at
     trace time: rebuilt in the graph, the mask's roll and comparisons ran inside every
-    softmax kernel (bf16 Swin-T compiled read 0.91x timm, 0.99x with the constant)."""
+    softmax kernel (the README's compiled section has the figures)."""
     m, x, ref = _swin_and_reference()
     fast = vt.optimize_for_inference(m)
     with torch.no_grad():

@@ -177,10 +177,12 @@ def window_bias(block: SwinBlock, Hp: int, Wp: int, shift: tuple[int, int]) -> t
     sum is cached per input size, and under ``torch.compile`` it is a graph constant.
     """
     bias, ws = block.attn.rel_bias(), block.window_size
-    if symbolic(Hp, Wp) or (any(shift) and block.attn.frozen_bias is None):
+    if symbolic(Hp, Wp):
         return add_shift_mask(bias, Hp, Wp, ws, shift)
     if not any(shift):
         return bias
+    if block.attn.frozen_bias is None:
+        return add_shift_mask(bias, Hp, Wp, ws, shift)
     if torch.compiler.is_compiling():
         return _CONSTANT_BIASES[block.block_id](bias, Hp, Wp, ws, shift)
     key = (Hp, Wp, shift, bias.device, bias.dtype)
@@ -241,11 +243,13 @@ class SwinBlock(Block):
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
         self._bias_cache = TensorCache(BIAS_SIZES_CACHED)  # bias + mask, frozen path only
-        self.block_id = new_block_id(self)  # names its bias + mask constant in compiled graphs
+        # names a shifted block's bias + mask constant in compiled graphs
+        self.block_id = new_block_id(self) if shift else None
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self.block_id = new_block_id(self)  # a copy or unpickled block is another graph constant
+        if self.shift_size:  # a copy or unpickled block is another graph constant
+            self.block_id = new_block_id(self)
 
     def attend(self, x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
         H, W, ws = x.shape[1], x.shape[2], self.window_size
