@@ -12,6 +12,7 @@ from torch import nn
 
 import vision_tfm as vt
 from vision_tfm import optimize
+from vision_tfm.layers import linear
 from vision_tfm.layers.linear import OneDnnLinear, onednn_linear_speedup, use_onednn_linears
 
 pytestmark = pytest.mark.skipif(
@@ -66,3 +67,12 @@ def test_swap_counts_every_plain_linear_and_the_probe_reads_a_ratio():
     assert use_onednn_linears(model) == 2
     assert use_onednn_linears(model) == 0  # already swapped
     assert onednn_linear_speedup(m=16, k=32, n=64) > 0
+
+
+@pytest.mark.parametrize(
+    ("speedup", "pays"), [(0.0, False), (0.97, False), (1.0, False), (1.04, True)]
+)
+def test_onednn_is_picked_whenever_the_probe_measured_it_faster(monkeypatch, speedup, pays):
+    # no margin: a CPU where oneDNN is a few percent faster (AVX-512 on 256-bit units) gets it
+    monkeypatch.setattr(linear, "onednn_linear_speedup", lambda: speedup)
+    assert linear.onednn_linear_pays() is pays
