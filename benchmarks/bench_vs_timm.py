@@ -25,6 +25,11 @@ freezing) in inference and the plain ``torch.compile`` that ``run.compile`` uses
 training, the reference the same way (frozen through ``FrozenCompiled`` in inference); it
 reports ours' compile time, i.e. the first call's time less a steady call's.
 ``grasp_hybrid_s`` is compared with its own unoptimised version (timm has no such model).
+A training step is forward, backward and an AdamW update. ``--optimizer same`` (the
+default) gives both models torch's AdamW as built without options, so the ratio is the
+models'; ``--optimizer builders`` gives each the AdamW its library's builder makes for a
+user (ours ``vision_tfm.train.engine.build_optimizer``: fused; timm ``create_optimizer_v2``),
+so the ratio is the training step a user of each gets.
 ``--check`` exits 1, after the table, when any case runs below ``CHECK_MIN`` (0.95x) its
 reference. ``--attn sdpa`` or ``--attn explicit`` overrides the attention dispatch in ours
 (``auto``, the default, is what users get), to settle a rule of
@@ -42,6 +47,7 @@ from collections.abc import Callable
 import timm
 import torch
 import torch.nn.functional as F
+from timm.optim import create_optimizer_v2
 
 import vision_tfm as vt
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
@@ -51,7 +57,10 @@ from vision_tfm.layers.attention_dispatch import (
     dispatch_facts,
     emulated_bf16_note,
 )
+from vision_tfm.layers.linear import onednn_linear_pays, onednn_linear_speedup
 from vision_tfm.optimize import FrozenCompiled
+from vision_tfm.train.config import OptimConfig
+from vision_tfm.train.engine import build_optimizer
 
 CHECK_MIN = 0.95  # --check: the slowest ratio against the reference that passes
 PAIRS = {
@@ -67,7 +76,26 @@ def loss_of(out) -> torch.Tensor:
     return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long))
 
 
-def make_step(model, x, mode: str, prec: str) -> Callable[[], None]:
+LR = 1e-6  # training steps barely move the weights, so every round times the same model
+
+
+def make_optimizer(model: torch.nn.Module, ours: bool, how: str) -> torch.optim.Optimizer:
+    """AdamW for ``model``: torch's plain class (``how="same"``) or the one its library's
+    builder gives a user (``"builders"``), with the default weight decay and betas."""
+    if how == "same":
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    cfg = OptimConfig()
+    if ours:
+        return build_optimizer(model, cfg, LR)
+    return create_optimizer_v2(
+        model, opt=cfg.opt, lr=LR, weight_decay=cfg.weight_decay, betas=cfg.betas
+    )
+
+
+def make_step(
+    model, x, mode: str, prec: str, ours: bool = False, optimizer: str = "same"
+) -> Callable[[], None]:
+    """One timed step; in training with :func:`make_optimizer`'s AdamW."""
     ac = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16")
     if mode == "infer":
 
@@ -76,7 +104,7 @@ def make_step(model, x, mode: str, prec: str) -> Callable[[], None]:
                 model(x)
 
         return step
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    opt = make_optimizer(model, ours, optimizer)
 
     def train_step() -> None:
         with ac:
@@ -206,6 +234,12 @@ def main() -> None:
     p.add_argument(
         "--attn", default="auto", choices=("auto", "sdpa", "explicit"), help="ours' attention"
     )
+    p.add_argument(
+        "--optimizer",
+        default="same",
+        choices=("same", "builders"),
+        help="training: torch's AdamW for both, or each library's builder's",
+    )
     args = p.parse_args()
     check_choices(p, args)
     force_attention(args.attn)
@@ -247,8 +281,8 @@ def main() -> None:
                             ours.train()
                             ref.train()
                         steps = {
-                            "ours": make_step(ours, xin, mode, prec),
-                            "ref": make_step(ref, x, mode, prec),
+                            "ours": make_step(ours, xin, mode, prec, True, args.optimizer),
+                            "ref": make_step(ref, x, mode, prec, False, args.optimizer),
                         }
                         iters = 1 if args.quick else max(1, int(4 / batch) + 1)
                         t, first = interleaved(steps, rounds, iters)
@@ -283,6 +317,11 @@ def main() -> None:
         f"\nCPU: {cpu_description()}; {dispatch_facts()}; torch {torch.__version__}, "
         f"timm {timm.__version__}"
     )
+    if "fp32" in args.precisions.split(",") and "infer" in args.modes.split(","):
+        print(
+            f"oneDNN fp32 Linear probe: {onednn_linear_speedup():.2f}x the BLAS; fp32 inference "
+            f"runs {'oneDNN' if onednn_linear_pays() else 'the BLAS'}"
+        )
     measured = [f"{p} {t} thr {v:.0f} GFLOP/s" for (t, p), v in ceilings.items() if v is not None]
     if measured:
         print("matmul ceiling (best of 512^2, 1024^2, 2048^2): " + ", ".join(measured))

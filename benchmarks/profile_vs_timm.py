@@ -2,13 +2,16 @@
 
     python benchmarks/profile_vs_timm.py --models vit,swin --precisions fp32,bf16
     python benchmarks/profile_vs_timm.py --models swin --modes train --batch 16 --threads 2
+    python benchmarks/profile_vs_timm.py --models swin --precisions fp32 --modes infer --compile
 
 For each case it profiles a few steps of each model (after warmup; the two take turns step
 by step) and prints the top ops by self CPU time as a Markdown table, then one line per model
 with the share of the step spent in GEMM kernels (``addmm``, ``mm``, ``bmm``, oneDNN linear)
 and in SDPA. A model whose step is mostly GEMM at a rate near the measured matmul ceiling
 (``bench_vs_timm.py``) cannot get much faster without doing fewer FLOPs; what is left is the
-non-GEMM remainder shown here.
+non-GEMM remainder shown here. ``--compile`` profiles both compiled as ``bench_vs_timm.py
+--compile`` compiles them, with Inductor's generated kernels named in the profile
+(``cpp_fused_...``: each is one fused loop nest of memory-bound ops).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from bench_vs_timm import PAIRS, build, check_choices, make_step, model_input
 from torch.profiler import ProfilerActivity, profile
 
-GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_addmm_activation", "mkldnn::")
+GEMM = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_addmm_activation", "mkldnn::", "mkl::")
 SDPA = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_flash_attention")
 
 
@@ -60,13 +63,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--compile", action="store_true", help="profile both compiled")
     args = p.parse_args()
     check_choices(p, args)
+    if args.compile:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True  # name each fused kernel
     torch.set_num_threads(args.threads)
     for kind in args.models.split(","):
         for prec in args.precisions.split(","):
             for mode in args.modes.split(","):
-                ours, ref, label = build(kind, prec, mode)
+                torch._dynamo.reset()
+                ours, ref, label = build(kind, prec, mode, args.compile)
                 x = torch.randn(args.batch, 4 if kind == "grasp" else 3, 224, 224)
                 profs = profile_rounds(
                     {
@@ -76,13 +85,15 @@ def main() -> None:
                     args.steps,
                 )
                 print(
-                    f"\n### {PAIRS[kind][0]} {mode} {prec} b{args.batch} t{args.threads} "
-                    f"(self CPU ms per step)\n"
+                    f"\n### {PAIRS[kind][0]} {mode} {prec} b{args.batch} t{args.threads}"
+                    f"{' compiled' if args.compile else ''} (self CPU ms per step)\n"
                 )
                 print("| op | " + " | ".join(f"{k} ms | {k} calls" for k in profs) + " |")
                 print("|---|" + "---|---|" * len(profs))
-                first = profs["ours"]
-                top = sorted(first, key=lambda k: -first[k][0])[: args.top]
+                top = []  # each model's top ops, ours' first: their kernels differ by name
+                for ops in profs.values():
+                    top += [k for k in sorted(ops, key=lambda k: -ops[k][0])[: args.top]]
+                top = list(dict.fromkeys(top))
                 for op in top:
                     cells = []
                     for ops in profs.values():
