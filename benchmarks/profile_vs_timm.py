@@ -92,7 +92,7 @@ def main() -> None:
                 print("|---|" + "---|---|" * len(profs))
                 top = []  # each model's top ops, ours' first: their kernels differ by name
                 for ops in profs.values():
-                    top += [k for k in sorted(ops, key=lambda k: -ops[k][0])[: args.top]]
+                    top += sorted(ops, key=lambda k: -ops[k][0])[: args.top]
                 top = list(dict.fromkeys(top))
                 for op in top:
                     cells = []
