@@ -316,6 +316,39 @@ def test_graspable_geometry_loss_reads_only_graspable_pixels():
     assert losses["all"][1] > losses["all"][0] + 1e-3
 
 
+def _width_loss(space: str, opening: float, predicted: float) -> float:
+    """The loss of a model whose maps are exact except the width on one graspable patch."""
+    q = torch.zeros(1, 1, 8, 8)
+    q[..., 2:4, 2:4] = 1
+    target = {"quality": q, "cos": q * 0.5, "sin": q * 0.2, "width": q * opening}
+    exact = {  # logits whose activations are the targets (quality far from 0.5 both ways)
+        "quality": (q * 2 - 1) * 30,
+        "cos": torch.atanh(target["cos"]),
+        "sin": torch.atanh(target["sin"]),
+        "width": torch.logit(torch.full_like(q, predicted)),
+    }
+    task = GraspTask(apply_overrides(GraspConfig(), {"loss.width_space": space}))
+    batch = (torch.zeros(1, 4, 8, 8), target, None)
+    return task.loss(lambda x: exact, batch, torch.device("cpu"))[0].item()
+
+
+def test_log_width_loss_judges_an_opening_by_its_ratio():
+    """The rectangle IoU fails a narrow grasp read 2x too wide as surely as a wide one: the
+    log loss charges both the same; the linear one (smooth-L1, quadratic at these errors)
+    charges the narrow grasp 16x less."""
+    exact = _width_loss("log", 0.1, 0.1)
+    assert exact == pytest.approx(_width_loss("log", 0.3, 0.3), abs=1e-6) and exact < 1e-6
+    narrow, wide = _width_loss("log", 0.05, 0.1), _width_loss("log", 0.2, 0.4)
+    assert narrow == pytest.approx(wide, rel=1e-4) and narrow > 1e-3
+    narrow, wide = _width_loss("linear", 0.05, 0.1), _width_loss("linear", 0.2, 0.4)
+    assert wide == pytest.approx(16 * narrow, rel=1e-3)
+
+
+def test_log_width_needs_graspable_geometry():
+    with raises_naming(ValueError, "loss.width_space=log", "loss.geometry=graspable"):
+        apply_overrides(GraspConfig(), {"loss.width_space": "log", "loss.geometry": "all"})
+
+
 def test_view_cache_in_dataloader_workers_survives_epochs(tmp_path, monkeypatch):
     """One persistent loader per split: each view is decoded once per run, not per epoch."""
     from vision_tfm.data.grasp import GraspDataset

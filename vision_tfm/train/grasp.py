@@ -70,6 +70,7 @@ from .logging import plot_curves
 _MAP_LOSSES = {"smooth_l1": F.smooth_l1_loss, "mse": F.mse_loss}
 _QUALITY_LOSSES = ("bce", "regress")
 _GEOMETRY = ("all", "graspable")
+_WIDTH_SPACES = ("linear", "log")
 # the headline metrics, each with what its printed line adds (printed in reverse)
 _HEADLINES = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
 # data settings that GraspAugment takes by name
@@ -178,12 +179,18 @@ class GraspLossConfig(Checked):
             as in GG-CNN) or only "graspable" ones, the only pixels decoding ever reads.
         width_weight: Weight of the width term. Width targets span ~0.1-0.4 under a sigmoid,
             so their unweighted gradients are an order of magnitude below the angle's.
+        width_space: Where the width error is taken: "linear" (``opening / width_scale``, as
+            GG-CNN) or "log" (``log`` of it). The rectangle IoU judges an opening by its
+            ratio to the true one, so the log space weighs a 2x error on a narrow grasp as
+            much as on a wide one; the linear space lets narrow grasps regress to the mean.
+            Needs ``geometry: graspable`` (the background has no opening to take a log of).
     """
 
     maps: str = "smooth_l1"
     quality: str = "bce"
     geometry: str = "graspable"
     width_weight: float = 10.0
+    width_space: str = "linear"
 
     SECTION: ClassVar[str] = "loss"
     RANGES: ClassVar[dict[str, Range]] = {"width_weight": NON_NEGATIVE}
@@ -191,7 +198,16 @@ class GraspLossConfig(Checked):
         "maps": tuple(_MAP_LOSSES),
         "quality": _QUALITY_LOSSES,
         "geometry": _GEOMETRY,
+        "width_space": _WIDTH_SPACES,
     }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.width_space == "log" and self.geometry != "graspable":
+            raise ConfigError(
+                "loss.width_space=log needs loss.geometry=graspable "
+                f"(got {self.geometry!r}: background pixels have width 0, whose log is -inf)"
+            )
 
 
 @dataclass
@@ -330,6 +346,9 @@ class GraspTask:
         else:
             loss = fn(act["quality"], maps["quality"])
         mask = (maps["quality"] > 0).float() if c.geometry == "graspable" else None
+        if c.width_space == "log":  # log(sigmoid(z)) without underflow; the target is > 0 there
+            act["width"] = F.logsigmoid(logits["width"])
+            maps["width"] = maps["width"].clamp(min=1e-6).log()
         for k in ("cos", "sin", "width"):
             w = c.width_weight if k == "width" else 1.0
             if mask is None:
