@@ -9,14 +9,25 @@ tally over all checkpoints given.
     python benchmarks/grasp_failures.py runs/inner/s160_k*/*/last.pt --data runs/inner/f0
 
 Run it on inner (nested) folds when choosing a change, never on the folds being reported.
+
+``--all-views`` scores every view of ``--data`` instead of the run's val split: on a fold's
+training folder (``grasp_nested_split.py``) it says how well the model fits the views it
+learned from. ``--width-fit`` adds, over every ground-truth rectangle, the opening the model
+reads at the rectangle's centre against the true one, by opening size.
+
+    python benchmarks/grasp_failures.py runs/grasp/<fold1>/last.pt --data runs/inner/f0 \
+        --all-views --width-fit
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import math
 from collections import Counter
 
+import numpy as np
 import torch
 
 from vision_tfm.export.source import load_source
@@ -32,18 +43,30 @@ from vision_tfm.grasp import (
 )
 
 OPENING_OFF = 1.4  # an opening this many times too large (or small) counts as wrong
+OPENING_BINS = (0, 12, 20, 30, 45, math.inf)  # ground-truth opening, map pixels
 
 
-def failures(checkpoint: str, data: str | None) -> tuple[int, list[dict]]:
-    """(views scored, one dict per failed view) for one checkpoint on its val split."""
+def failures(
+    checkpoint: str, data: str | None, all_views: bool = False
+) -> tuple[int, list[dict], list[tuple[float, float]]]:
+    """(views scored, one dict per failed view, (true, read) opening per ground-truth
+    rectangle) for one checkpoint on its val split, or on every view of ``data``."""
     src = load_source(checkpoint, data_root=data)
+    if all_views:  # one view trains, the rest validate: the split's floor on train_frac
+        d = dataclasses.replace(src.cfg.data, folds=0, train_frac=1e-9)
+        src.cfg = dataclasses.replace(src.cfg, data=d)
     val = src.datasets()[1]
     kw = src.cfg.eval.decode_kwargs(src.cfg.data.width_scale)
-    out = []
+    out, openings = [], []
     for i in range(len(val)):
         x, _, rects = val[i]
         with torch.no_grad():
             maps = split_maps(src.model(x[None]))
+        width = maps["width"][0, 0].numpy() * src.cfg.data.width_scale
+        for g in as_grasps(rects):
+            r, c = round(g.y), round(g.x)
+            if 0 <= r < width.shape[0] and 0 <= c < width.shape[1]:
+                openings.append((g.opening, float(width[r, c])))
         preds = decode_grasps(*(maps[k][0, 0] for k in MAP_KEYS), num_grasps=1, **kw)
         if grasp_correct(preds, rects):
             continue
@@ -75,20 +98,37 @@ def failures(checkpoint: str, data: str | None) -> tuple[int, list[dict]]:
                 "quality": p.quality,
             }
         )
-    return len(val), out
+    return len(val), out, openings
+
+
+def print_width_fit(openings: list[tuple[float, float]]) -> None:
+    """Read / true opening per size bin: where the width map regresses to the mean."""
+    a = np.array(openings).reshape(-1, 2)
+    print("\n| true opening (map px) | rectangles | median read / true | within 1.4x |")
+    print("|---|---|---|---|")
+    for lo, hi in itertools.pairwise(OPENING_BINS):
+        sel = a[(a[:, 0] >= lo) & (a[:, 0] < hi)]
+        if len(sel):
+            r = sel[:, 1] / sel[:, 0]
+            ok = np.mean((r < OPENING_OFF) & (r > 1 / OPENING_OFF))
+            print(f"| {lo:g}-{hi:g} | {len(sel)} | {np.median(r):.2f} | {ok:.2f} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("checkpoints", nargs="+", help="grasp run checkpoints (last.pt / best.pt)")
     p.add_argument("--data", help="dataset folder, if not the runs' data.root")
+    p.add_argument("--all-views", action="store_true", help="every view of --data, not val")
+    p.add_argument("--width-fit", action="store_true", help="read / true opening by size")
     args = p.parse_args()
     torch.set_num_threads(1)
     tally: Counter[str] = Counter()
     scored = 0
+    openings: list[tuple[float, float]] = []
     for ckpt in args.checkpoints:
-        n, failed = failures(ckpt, args.data)
+        n, failed, read = failures(ckpt, args.data, args.all_views)
         scored += n
+        openings += read
         print(f"{ckpt}: {n - len(failed)} / {n} correct")
         for f in failed:
             tally[f["kind"]] += 1
@@ -104,6 +144,8 @@ def main() -> None:
         f"{sum(tally.values())} failures in {scored} views: "
         + ", ".join(f"{k} {v}" for k, v in tally.most_common())
     )
+    if args.width_fit:
+        print_width_fit(openings)
 
 
 if __name__ == "__main__":
