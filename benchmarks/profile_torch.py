@@ -1,0 +1,86 @@
+"""Where eager PyTorch spends a forward pass: self time per op, beside the matmul ceiling.
+
+    python benchmarks/profile_torch.py --model grasp_hybrid_s --img-size 224 --threads 2
+    python benchmarks/profile_onnx.py model.onnx --threads 2      # the same graph in ORT
+
+The eager twin of ``profile_onnx.py``: it times the model (median of ``--runs`` batch-1
+forward passes without autograd, as ``vtfm benchmark``'s torch row), profiles it, and
+prints the top ops by self CPU time. The footer puts the model's FLOPs against the CPU's
+fp32 matmul ceiling: the share of the ceiling the eager pass reaches, and the share any
+runtime would need to run it ``--speedup`` times faster. Random weights (the op mix and the
+FLOPs do not depend on them; a trained model's denormals can, see ``ORT_SESSION_CONFIG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
+from vision_tfm.models import create_model
+
+
+def median_ms(model: torch.nn.Module, x: torch.Tensor, runs: int) -> float:
+    """Median wall milliseconds of one forward pass, after a warmup."""
+    times = []
+    with torch.inference_mode():
+        for _ in range(max(5, runs // 5)):
+            model(x)
+        for _ in range(runs):
+            t = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def self_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, tuple[float, int]]:
+    """Per op: self CPU milliseconds and calls, per forward pass."""
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            model(x)
+    out: dict[str, tuple[float, int]] = collections.OrderedDict()
+    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total):
+        out[e.key] = (e.self_cpu_time_total / runs / 1e3, e.count // runs)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a registered model name")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--in-chans", type=int, help="input channels (default: the model's own)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--speedup", type=float, default=2.0, help="the target for the footer")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    kw = {"in_chans": args.in_chans} if args.in_chans else {}
+    model = create_model(args.model, **kw).eval()
+    chans = model.pretrained_cfg["input_size"][0] if not args.in_chans else args.in_chans
+    x = torch.randn(1, chans, args.img_size, args.img_size)
+    ms = median_ms(model, x, args.runs)
+    ops = self_times(model, x, args.runs)
+    total = sum(t for t, _ in ops.values())
+    print(f"{cpu_description()}, {args.threads} thread(s), torch {torch.__version__}")
+    print(f"\n{args.model} at {args.img_size}², batch 1: median {ms:.2f} ms; profiled self time")
+    print(f"{total:.2f} ms per pass\n\n| op | ms per pass | share | calls |\n|---|---|---|---|")
+    for name, (t, n) in list(ops.items())[: args.top]:
+        print(f"| {name} | {t:.2f} | {100 * t / total:.0f}% | {n} |")
+    flops = count_flops(model, x)
+    ceiling = matmul_ceiling(torch.float32, args.threads)
+    reached = flops / (ms / 1e3) / ceiling
+    print(
+        f"\n{flops / 1e9:.2f} GFLOPs per image; fp32 matmul ceiling {ceiling / 1e9:.0f} GFLOP/s "
+        f"on {args.threads} thread(s). Eager reaches {100 * reached:.0f}% of it; "
+        f"{args.speedup:g}x eager needs {100 * reached * args.speedup:.0f}% over the whole pass."
+    )
+
+
+if __name__ == "__main__":
+    main()
