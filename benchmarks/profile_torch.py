@@ -61,7 +61,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     kw = {"in_chans": args.in_chans} if args.in_chans else {}
-    model = create_model(args.model, **kw).eval()
+    try:
+        model = create_model(args.model, **kw).eval()
+    except ValueError as e:  # an unknown name: the registry's one line, not a traceback
+        p.error(str(e))
     chans = model.pretrained_cfg["input_size"][0] if not args.in_chans else args.in_chans
     x = torch.randn(1, chans, args.img_size, args.img_size)
     ms = median_ms(model, x, args.runs)
