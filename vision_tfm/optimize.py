@@ -8,7 +8,8 @@
 - attention on the fused SDPA path (the explicit one where it measured faster, see
   ``layers/attention_dispatch.py``);
 - fp32 Linear layers on oneDNN where it measured faster than the BLAS on this CPU (AMD
-  CPUs with AVX-512, see ``layers/linear.py``);
+  CPUs with AVX-512, see ``layers/linear.py``), and bf16 ones where bf16 is native; in eager
+  inference the MLP's GELU then runs inside its first GEMM;
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
 - optionally ``torch.compile`` with freezing (weights become constants Inductor folds and
   pre-packs; :class:`FrozenCompiled`); off by default, since compiling each input shape
@@ -24,8 +25,8 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from .layers import Block, LayerScale, set_fused_attn
-from .layers.attention_dispatch import warn_if_bf16_emulated
-from .layers.linear import onednn_linear_pays, use_onednn_linears
+from .layers.attention_dispatch import cpu_native_bf16, warn_if_bf16_emulated
+from .layers.linear import fuse_mlp_gelu, onednn_linear_pays, use_onednn_linears
 
 __all__ = ["FrozenCompiled", "optimize_for_inference"]
 
@@ -142,8 +143,12 @@ def optimize_for_inference(
         model.to(dtype)  # frozen biases are buffers: cast with the weights
         if dtype == torch.bfloat16 and on_cpu:
             warn_if_bf16_emulated("leave dtype at fp32 (None)")
-    if on_cpu and dtype in (None, torch.float32) and onednn_linear_pays():
+    fp32_swap = dtype in (None, torch.float32) and onednn_linear_pays()
+    bf16_swap = dtype == torch.bfloat16 and not compile and cpu_native_bf16()
+    if on_cpu and (fp32_swap or bf16_swap):
         use_onednn_linears(model, frozen_graph=compile)  # else Inductor packs for the BLAS
+        if not compile:  # Inductor fuses the GELU itself
+            fuse_mlp_gelu(model)
     if compile:
         # dynamic=False: one graph per input shape, each specialised (window masks, position
         # tables and padding become constants); a new shape recompiles.

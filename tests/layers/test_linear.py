@@ -76,3 +76,45 @@ def test_onednn_is_picked_whenever_the_probe_measured_it_faster(monkeypatch, spe
     # no margin: a CPU where oneDNN is a few percent faster (AVX-512 on 256-bit units) gets it
     monkeypatch.setattr(linear, "onednn_linear_speedup", lambda: speedup)
     assert linear.onednn_linear_pays() is pays
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_gelu_matches_linear_then_gelu_and_keeps_it_under_autograd(approximate, dtype):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    fast = OneDnnLinear.from_linear(copy.deepcopy(lin)).to(dtype)
+    fast.gelu = approximate
+    x = torch.randn(3, 5, 24)
+    want = F.gelu(lin(x), approximate=approximate)
+    with torch.no_grad():
+        got = fast(x.to(dtype)).float()
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    torch.testing.assert_close(got, want, **tol)
+    if dtype == torch.float32:  # autograd runs F.linear and still applies the GELU
+        torch.testing.assert_close(fast(x.requires_grad_()), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_inference_swaps_linears_and_fuses_gelu_only_where_bf16_is_native(monkeypatch, native):
+    if native and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bf16 kernels on this CPU")
+    torch.manual_seed(0)
+    model = vt.create_model("vit_test").eval()
+    x = torch.randn(2, *input_size(model))
+    with monkeypatch.context() as m:  # the reference: addmm, then nn.GELU
+        m.setattr(optimize, "cpu_native_bf16", lambda: False)
+        ref = vt.optimize_for_inference(copy.deepcopy(model), dtype=torch.bfloat16)
+    assert not any(isinstance(m, OneDnnLinear) for m in ref.modules())
+    keys = list(ref.state_dict())
+    monkeypatch.setattr(optimize, "cpu_native_bf16", lambda: native)
+    monkeypatch.setattr(linear, "cpu_native_bf16", lambda: native)
+    fast = vt.optimize_for_inference(model, dtype=torch.bfloat16)
+    assert list(fast.state_dict()) == keys
+    mlps = [m for m in fast.modules() if isinstance(m, vt.layers.Mlp)]
+    fused = [m for m in mlps if isinstance(m.fc1, OneDnnLinear) and m.fc1.gelu == "none"]
+    assert len(fused) == (len(mlps) if native else 0) and mlps
+    assert all(isinstance(m.act, nn.Identity) for m in fused)
+    with torch.no_grad():
+        want, got = ref(x.bfloat16()).float(), fast(x.bfloat16()).float()
+    torch.testing.assert_close(got, want, atol=5e-2 * want.abs().max().item(), rtol=0)

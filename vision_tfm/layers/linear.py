@@ -1,4 +1,4 @@
-"""fp32 Linear layers through oneDNN where this CPU's BLAS leaves its vector units idle.
+"""Linear layers through oneDNN where this CPU's BLAS leaves its vector units idle.
 
 torch's fp32 ``addmm`` on x86 calls MKL. On AMD CPUs MKL runs its AVX2 kernels even where
 the CPU has AVX-512, while oneDNN, also in every x86 torch build, picks its kernels by the
@@ -10,6 +10,11 @@ times both libraries on one ViT-S-sized GEMM, once per process, and
 where MKL runs AVX-512, the two tie and either pick costs nothing. A whole model gains about
 what the probe reads, on AMD CPUs with full-width AVX-512 units and with 256-bit ones alike
 (README, speed section, one table per CPU kind).
+
+bf16 Linear layers already run oneDNN's GEMM through ``addmm`` where bf16 is native, but
+``addmm`` first writes the broadcast bias over the whole output; oneDNN's own Linear op adds
+it in the GEMM's epilogue, and can apply the MLP's GELU there too (:func:`fuse_mlp_gelu`),
+which saves two passes over the widest activation of a block.
 """
 
 from __future__ import annotations
@@ -21,12 +26,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_dispatch import cpu_native_bf16
+from .mlp import Mlp
+
 PROBE_ROUNDS = 9
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+def _onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: str | None = None
+):
     # 2-D in and out: Inductor's reshape-linear-reshape pass asserts on a 3-D/4-D view
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+    x2 = x.reshape(-1, x.shape[-1])
+    if gelu is None:
+        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
+    else:  # oneDNN names nn.GELU's approximate forms alike: "none" (erf) and "tanh"
+        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "gelu", [], gelu)
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -59,9 +73,10 @@ def onednn_linear_pays() -> bool:
 
 
 class OneDnnLinear(nn.Linear):
-    """An ``nn.Linear`` (same parameters and state-dict keys) whose fp32 CPU inference runs
-    oneDNN's GEMM; with autograd, other dtypes or devices, and while tracing or exporting it
-    is ``F.linear``.
+    """An ``nn.Linear`` (same parameters and state-dict keys) whose CPU inference runs
+    oneDNN's Linear op, in fp32 and, where bf16 is native, in bf16; with autograd, other
+    dtypes or devices, and while tracing or exporting it is ``F.linear``. ``gelu`` (an
+    ``nn.GELU`` approximate form, set by :func:`fuse_mlp_gelu`) applies a GELU after it.
 
     Under ``torch.compile`` it emits the oneDNN op only when ``frozen_graph`` is set, i.e. the
     graph is compiled with freezing (``optimize_for_inference(compile=True)``): Inductor
@@ -70,6 +85,7 @@ class OneDnnLinear(nn.Linear):
     """
 
     frozen_graph: bool = False
+    gelu: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         graph = torch.jit.is_tracing() or (torch.compiler.is_compiling() and not self.frozen_graph)
@@ -77,12 +93,13 @@ class OneDnnLinear(nn.Linear):
             graph
             or x.requires_grad
             or self.weight.requires_grad
-            or x.dtype != torch.float32
             or x.device.type != "cpu"
-            or self.weight.dtype != torch.float32
+            or x.dtype != self.weight.dtype
+            or not (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and cpu_native_bf16()))
         ):
-            return F.linear(x, self.weight, self.bias)
-        return _onednn_linear(x, self.weight, self.bias)
+            y = F.linear(x, self.weight, self.bias)
+            return y if self.gelu is None else F.gelu(y, approximate=self.gelu)
+        return _onednn_linear(x, self.weight, self.bias, self.gelu)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> OneDnnLinear:
@@ -105,3 +122,15 @@ def use_onednn_linears(model: nn.Module, frozen_graph: bool = False) -> int:
                 setattr(parent, name, child)
                 swapped += 1
     return swapped
+
+
+def fuse_mlp_gelu(model: nn.Module) -> int:
+    """Move the GELU of every MLP whose ``fc1`` is a :class:`OneDnnLinear` into that layer
+    (in place; the MLP's ``act`` becomes ``nn.Identity``, no state-dict key changes); returns
+    how many moved. For eager inference: a compiled graph fuses the GELU by itself."""
+    fused = 0
+    for m in model.modules():
+        if isinstance(m, Mlp) and isinstance(m.fc1, OneDnnLinear) and type(m.act) is nn.GELU:
+            m.fc1.gelu, m.act = m.act.approximate, nn.Identity()
+            fused += 1
+    return fused
