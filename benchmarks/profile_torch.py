@@ -16,26 +16,13 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vision_tfm.export.benchmark import time_runs
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 from vision_tfm.models import create_model
-
-
-def median_ms(model: torch.nn.Module, x: torch.Tensor, runs: int) -> float:
-    """Median wall milliseconds of one forward pass, after a warmup."""
-    times = []
-    with torch.inference_mode():
-        for _ in range(max(5, runs // 5)):
-            model(x)
-        for _ in range(runs):
-            t = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def self_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, tuple[float, int]]:
@@ -67,7 +54,10 @@ def main() -> None:
         p.error(str(e))
     chans = model.pretrained_cfg["input_size"][0] if not args.in_chans else args.in_chans
     x = torch.randn(1, chans, args.img_size, args.img_size)
-    ms = median_ms(model, x, args.runs)
+    with torch.inference_mode():  # vtfm benchmark's timer, as its torch row
+        ms = statistics.median(
+            time_runs({"eager": model}, x, max(5, args.runs // 5), args.runs, 0)["eager"]
+        )
     ops = self_times(model, x, args.runs)
     total = sum(t for t, _ in ops.values())
     print(f"{cpu_description()}, {args.threads} thread(s), torch {torch.__version__}")

@@ -143,9 +143,9 @@ def optimize_for_inference(
         model.to(dtype)  # frozen biases are buffers: cast with the weights
         if dtype == torch.bfloat16 and on_cpu:
             warn_if_bf16_emulated("leave dtype at fp32 (None)")
-    fp32_swap = dtype in (None, torch.float32) and onednn_linear_pays()
-    bf16_swap = dtype == torch.bfloat16 and not compile and cpu_native_bf16()
-    if on_cpu and (fp32_swap or bf16_swap):
+    fp32_swap = on_cpu and dtype in (None, torch.float32) and onednn_linear_pays()
+    bf16_swap = on_cpu and dtype == torch.bfloat16 and not compile and cpu_native_bf16()
+    if fp32_swap or bf16_swap:
         use_onednn_linears(model, frozen_graph=compile)  # else Inductor packs for the BLAS
         if not compile:  # Inductor fuses the GELU itself
             fuse_mlp_gelu(model)

@@ -36,11 +36,11 @@ def _onednn_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: str | None = None
 ):
     # 2-D in and out: Inductor's reshape-linear-reshape pass asserts on a 3-D/4-D view
-    x2 = x.reshape(-1, x.shape[-1])
-    if gelu is None:
-        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
-    else:  # oneDNN names nn.GELU's approximate forms alike: "none" (erf) and "tanh"
-        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "gelu", [], gelu)
+    # oneDNN names nn.GELU's approximate forms alike: "none" (erf) and "tanh"
+    attr, algorithm = ("none", "") if gelu is None else ("gelu", gelu)
+    y = torch.ops.mkldnn._linear_pointwise(
+        x.reshape(-1, x.shape[-1]), weight, bias, attr, [], algorithm
+    )
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
