@@ -27,6 +27,7 @@ from vision_tfm.layers import (
     run_blocks,
     sincos_2d,
 )
+from vision_tfm.layers.attention_dispatch import scaled_scores
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -45,6 +46,24 @@ def test_fused_and_explicit_attention_agree_with_bias_and_mask(qk_norm):
     assert weights.shape == (2, 3, 4, 10, 10)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 4, 10))
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
+
+
+def test_scores_scale_inside_the_gemm_match_the_plain_product_and_its_gradients():
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 4, 7, 8, requires_grad=True)  # Swin-like extra leading dim
+    k = torch.randn(2, 3, 4, 9, 8, requires_grad=True)
+    got = scaled_scores(q, k, 0.3)
+    want = (q * 0.3) @ k.transpose(-2, -1)
+    assert got.shape == (2, 3, 4, 7, 9) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    g = torch.randn_like(want)
+    grads = torch.autograd.grad(got, (q, k), g)
+    for a, b in zip(grads, torch.autograd.grad(want, (q, k), g)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    view = torch.randn(2, 9, 3, 4, 8).permute(2, 0, 3, 1, 4)  # q, k as strided views of qkv
+    torch.testing.assert_close(
+        scaled_scores(view[0], view[1], 0.5), (view[0] * 0.5) @ view[1].transpose(-2, -1)
+    )
 
 
 def test_a_query_with_no_allowed_key_gets_zeros_on_both_paths():

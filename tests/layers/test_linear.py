@@ -120,3 +120,30 @@ def test_bf16_inference_swaps_linears_and_fuses_gelu_only_where_bf16_is_native(m
     with torch.no_grad():
         want, got = ref(x.bfloat16()).float(), fast(x.bfloat16()).float()
     torch.testing.assert_close(got, want, atol=5e-2 * want.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_is_reused_and_follows_every_change_to_the_weight(dtype):
+    if dtype == torch.bfloat16 and not vt.layers.attention_dispatch.cpu_native_bf16():
+        pytest.skip("bf16 runs F.linear where it is emulated: nothing is packed")
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40).to(dtype).requires_grad_(False)
+    fast = OneDnnLinear.from_linear(copy.deepcopy(lin))
+    x = torch.randn(3, 5, 24).to(dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), lin(x), **tol)
+        packed = fast._packed[1]
+        fast(x[:1])  # another row count runs on the same packed weight
+        assert fast._packed[1] is packed and packed.layout == torch._mkldnn
+    new = {k: torch.randn_like(v) for k, v in lin.state_dict().items()}
+    lin.load_state_dict(new)
+    fast.load_state_dict(new)  # copies into the weight in place: the pack is stale
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x), lin(x), **tol)
+        assert fast._packed[1] is not packed
+    assert list(fast.state_dict()) == ["weight", "bias"]
+    twin = copy.deepcopy(fast)  # the cache is not copied, and the copy packs its own
+    assert twin._packed is None
+    with torch.inference_mode():
+        torch.testing.assert_close(twin(x), lin(x), **tol)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import InputError
+from .cache import tracing
 
 log = logging.getLogger("vision_tfm")
 
@@ -217,6 +218,18 @@ def sdpa_attention(
     return out.unflatten(0, lead) if len(lead) > 1 else out  # (..., h, N, d)
 
 
+def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``q kᵀ · scale``, ``(..., h, N, M)``. In eager mode the scale is the GEMM's ``alpha``
+    (``baddbmm``, the input ignored at ``beta=0``), which saves a pass over ``q``; a captured
+    graph (compile, export) gets the plain product, which its compiler fuses or exports."""
+    if tracing() or q.shape[:-2] != k.shape[:-2]:
+        return (q * scale) @ k.transpose(-2, -1)
+    q3, k3 = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:])  # (B', N, d), (B', M, d)
+    ignored = q3.new_empty(()).expand(q3.shape[0], q3.shape[1], k3.shape[1])
+    out = torch.baddbmm(ignored, q3, k3.transpose(1, 2), beta=0.0, alpha=scale)
+    return out.view(*q.shape[:-1], k.shape[-2])
+
+
 def explicit_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -233,7 +246,7 @@ def explicit_attention(
     attn_bias = merge_bias_and_mask(bias, mask, torch.float32 if upcast else q.dtype)
     if contiguous:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    logits = (q * scale) @ k.transpose(-2, -1)  # (..., h, N, N)
+    logits = scaled_scores(q, k, scale)  # (..., h, N, N)
     if attn_bias is not None:
         logits = logits + attn_bias  # promotes to fp32 when upcast
     attn = logits.softmax(dim=-1).to(v.dtype)

@@ -14,7 +14,9 @@ what the probe reads, on AMD CPUs with full-width AVX-512 units and with 256-bit
 bf16 Linear layers already run oneDNN's GEMM through ``addmm`` where bf16 is native, but
 ``addmm`` first writes the broadcast bias over the whole output; oneDNN's own Linear op adds
 it in the GEMM's epilogue, and can apply the MLP's GELU there too (:func:`fuse_mlp_gelu`),
-which saves two passes over the widest activation of a block.
+which saves two passes over the widest activation of a block. In eager inference the weight
+is kept in oneDNN's blocked layout (:meth:`OneDnnLinear.packed_weight`) instead of being
+reordered on every call.
 """
 
 from __future__ import annotations
@@ -86,9 +88,30 @@ class OneDnnLinear(nn.Linear):
 
     frozen_graph: bool = False
     gelu: str | None = None
+    _packed: tuple[tuple, torch.Tensor] | None = None  # (what it was packed from, packed)
+
+    def packed_weight(self, rows: int) -> torch.Tensor:
+        """The weight in oneDNN's blocked layout, which eager calls would otherwise reorder
+        into on every call: packed once, for the rows of the first call (oneDNN's layout
+        choice; any row count runs on it), and again whenever the weight changes (a
+        ``load_state_dict``, ``.to()``, an in-place edit). It costs a second copy of the
+        weight, outside the state dict."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.shape)
+        if self._packed is None or self._packed[0] != key:
+            with torch.no_grad():
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+            self._packed = (key, packed)
+        return self._packed[1]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_packed", None)  # a cache: rebuilt on the next call, never pickled or copied
+        return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        graph = torch.jit.is_tracing() or (torch.compiler.is_compiling() and not self.frozen_graph)
+        compiling = torch.compiler.is_compiling()
+        graph = torch.jit.is_tracing() or (compiling and not self.frozen_graph)
         if (
             graph
             or x.requires_grad
@@ -99,7 +122,9 @@ class OneDnnLinear(nn.Linear):
         ):
             y = F.linear(x, self.weight, self.bias)
             return y if self.gelu is None else F.gelu(y, approximate=self.gelu)
-        return _onednn_linear(x, self.weight, self.bias, self.gelu)
+        # a frozen graph holds the plain weight as a constant, which Inductor packs itself
+        w = self.weight if compiling else self.packed_weight(x.numel() // x.shape[-1])
+        return _onednn_linear(x, w, self.bias, self.gelu)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> OneDnnLinear:
