@@ -112,7 +112,10 @@ class FrozenCompiled(nn.Module):
 
 @torch.no_grad()
 def optimize_for_inference(
-    model: nn.Module, dtype: torch.dtype | str | None = None, compile: bool = False
+    model: nn.Module,
+    dtype: torch.dtype | str | None = None,
+    compile: bool = False,
+    pack_weights: bool = True,
 ) -> nn.Module:
     """Fold and freeze ``model`` for inference (in place); see the module docstring.
 
@@ -120,7 +123,9 @@ def optimize_for_inference(
     follow parameter updates. With ``compile`` the return value is a :class:`FrozenCompiled`
     wrapper around the (still folded in place) model; it runs without autograd.
     ``dtype`` takes a floating ``torch.dtype`` or a name such as ``"bf16"``; inputs must then
-    come in that dtype (or run under autocast).
+    come in that dtype (or run under autocast). ``pack_weights``: Linear layers moved to
+    oneDNN keep their weight in its blocked layout too (eager CPU inference), which is faster
+    and costs a second copy of those weights; ``False`` keeps one copy.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -146,7 +151,8 @@ def optimize_for_inference(
     fp32_swap = on_cpu and dtype in (None, torch.float32) and onednn_linear_pays()
     bf16_swap = on_cpu and dtype == torch.bfloat16 and not compile and cpu_native_bf16()
     if fp32_swap or bf16_swap:
-        use_onednn_linears(model, frozen_graph=compile)  # else Inductor packs for the BLAS
+        # frozen_graph: Inductor packs the weights, and for the BLAS unless told otherwise
+        use_onednn_linears(model, frozen_graph=compile, pack=pack_weights)
         if not compile:  # Inductor fuses the GELU itself
             fuse_mlp_gelu(model)
     if compile:

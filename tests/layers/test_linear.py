@@ -147,3 +147,20 @@ def test_packed_weight_is_reused_and_follows_every_change_to_the_weight(dtype):
     assert twin._packed is None
     with torch.inference_mode():
         torch.testing.assert_close(twin(x), lin(x), **tol)
+
+
+def test_optimize_without_packing_keeps_one_copy_of_each_weight(monkeypatch):
+    monkeypatch.setattr(optimize, "onednn_linear_pays", lambda: True)
+    torch.manual_seed(0)
+    model = vt.create_model("vit_test").eval()
+    x = torch.randn(2, *input_size(model))
+    with torch.no_grad():
+        want = model(x)
+    packed = vt.optimize_for_inference(copy.deepcopy(model))
+    single = vt.optimize_for_inference(model, pack_weights=False)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(single(x), want, atol=1e-5, rtol=1e-5)
+    layers = [m for m in single.modules() if isinstance(m, OneDnnLinear)]
+    assert layers and all(m._packed is None for m in layers)
+    assert all(m._packed is not None for m in packed.modules() if isinstance(m, OneDnnLinear))

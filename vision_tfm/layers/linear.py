@@ -88,6 +88,7 @@ class OneDnnLinear(nn.Linear):
 
     frozen_graph: bool = False
     gelu: str | None = None
+    pack: bool = True  # eager calls run on :meth:`packed_weight`
     _packed: tuple[tuple, torch.Tensor] | None = None  # (what it was packed from, packed)
 
     def packed_weight(self, rows: int) -> torch.Tensor:
@@ -123,7 +124,8 @@ class OneDnnLinear(nn.Linear):
             y = F.linear(x, self.weight, self.bias)
             return y if self.gelu is None else F.gelu(y, approximate=self.gelu)
         # a frozen graph holds the plain weight as a constant, which Inductor packs itself
-        w = self.weight if compiling else self.packed_weight(x.numel() // x.shape[-1])
+        pack = self.pack and not compiling
+        w = self.packed_weight(x.numel() // x.shape[-1]) if pack else self.weight
         return _onednn_linear(x, w, self.bias, self.gelu)
 
     @classmethod
@@ -134,16 +136,17 @@ class OneDnnLinear(nn.Linear):
         return new.train(linear.training)
 
 
-def use_onednn_linears(model: nn.Module, frozen_graph: bool = False) -> int:
+def use_onednn_linears(model: nn.Module, frozen_graph: bool = False, pack: bool = True) -> int:
     """Swap every plain ``nn.Linear`` of ``model`` for :class:`OneDnnLinear` (in place);
     returns how many were swapped. ``frozen_graph``: the model will only run compiled with
-    freezing (see :class:`OneDnnLinear`)."""
+    freezing (see :class:`OneDnnLinear`). ``pack``: eager calls keep a packed copy of the
+    weight (:meth:`OneDnnLinear.packed_weight`)."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 child = OneDnnLinear.from_linear(child)
-                child.frozen_graph = frozen_graph
+                child.frozen_graph, child.pack = frozen_graph, pack
                 setattr(parent, name, child)
                 swapped += 1
     return swapped
