@@ -133,20 +133,27 @@ def test_packed_weight_is_reused_and_follows_every_change_to_the_weight(dtype):
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
     with torch.inference_mode():
         torch.testing.assert_close(fast(x), lin(x), **tol)
-        packed = fast._packed[1]
+        packed = fast._packed[2]
         fast(x[:1])  # another row count runs on the same packed weight
-        assert fast._packed[1] is packed and packed.layout == torch._mkldnn
+        assert fast._packed[2] is packed and packed.layout == torch._mkldnn
+        assert fast(x[:0]).shape == (0, 5, 40)
     new = {k: torch.randn_like(v) for k, v in lin.state_dict().items()}
     lin.load_state_dict(new)
     fast.load_state_dict(new)  # copies into the weight in place: the pack is stale
     with torch.inference_mode():
         torch.testing.assert_close(fast(x), lin(x), **tol)
-        assert fast._packed[1] is not packed
+        assert fast._packed[2] is not packed
+        packed = fast._packed[2]
+    fast.weight.data = torch.randn_like(fast.weight)  # what Module.to() does to a parameter
+    with torch.inference_mode():
+        want = F.linear(x, fast.weight, fast.bias)
+        torch.testing.assert_close(fast(x), want, **tol)
+        assert fast._packed[2] is not packed
     assert list(fast.state_dict()) == ["weight", "bias"]
     twin = copy.deepcopy(fast)  # the cache is not copied, and the copy packs its own
     assert twin._packed is None
     with torch.inference_mode():
-        torch.testing.assert_close(twin(x), lin(x), **tol)
+        torch.testing.assert_close(twin(x), want, **tol)
 
 
 def test_optimize_without_packing_keeps_one_copy_of_each_weight(monkeypatch):

@@ -89,7 +89,9 @@ class OneDnnLinear(nn.Linear):
     frozen_graph: bool = False
     gelu: str | None = None
     pack: bool = True  # eager calls run on :meth:`packed_weight`
-    _packed: tuple[tuple, torch.Tensor] | None = None  # (what it was packed from, packed)
+    # (the weight it was packed from, its version, packed); holding the source keeps its
+    # storage alive, so a new weight can never reuse the address the check compares
+    _packed: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def packed_weight(self, rows: int) -> torch.Tensor:
         """The weight in oneDNN's blocked layout, which eager calls would otherwise reorder
@@ -98,12 +100,19 @@ class OneDnnLinear(nn.Linear):
         ``load_state_dict``, ``.to()``, an in-place edit). It costs a second copy of the
         weight, outside the state dict."""
         w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.shape)
-        if self._packed is None or self._packed[0] != key:
+        cached = self._packed
+        if (
+            cached is None
+            or cached[0].data_ptr() != w.data_ptr()
+            or cached[0].dtype != w.dtype
+            or cached[0].shape != w.shape
+            or cached[1] != w._version
+        ):
             with torch.no_grad():
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
-            self._packed = (key, packed)
-        return self._packed[1]
+                src = w.detach()
+                cached = (src, w._version, torch.ops.mkldnn._reorder_linear_weight(src, rows))
+            self._packed = cached
+        return cached[2]
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -125,7 +134,7 @@ class OneDnnLinear(nn.Linear):
             return y if self.gelu is None else F.gelu(y, approximate=self.gelu)
         # a frozen graph holds the plain weight as a constant, which Inductor packs itself
         pack = self.pack and not compiling
-        w = self.packed_weight(x.numel() // x.shape[-1]) if pack else self.weight
+        w = self.packed_weight(max(1, x.shape[:-1].numel())) if pack else self.weight
         return _onednn_linear(x, w, self.bias, self.gelu)
 
     @classmethod
