@@ -64,6 +64,10 @@ def test_scores_scale_inside_the_gemm_match_the_plain_product_and_its_gradients(
     torch.testing.assert_close(
         scaled_scores(view[0], view[1], 0.5), (view[0] * 0.5) @ view[1].transpose(-2, -1)
     )
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 q under bf16 autocast
+        got, want = scaled_scores(view[0], view[1], 0.5), (view[0] * 0.5) @ view[1].mT
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
 
 
 def test_a_query_with_no_allowed_key_gets_zeros_on_both_paths():

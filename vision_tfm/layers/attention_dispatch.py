@@ -221,8 +221,14 @@ def sdpa_attention(
 def scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """``q kᵀ · scale``, ``(..., h, N, M)``. In eager mode the scale is the GEMM's ``alpha``
     (``baddbmm``, the input ignored at ``beta=0``), which saves a pass over ``q``; a captured
-    graph (compile, export) gets the plain product, which its compiler fuses or exports."""
-    if tracing() or q.shape[:-2] != k.shape[:-2]:
+    graph (compile, export) gets the plain product, which its compiler fuses or exports, and
+    so does a ``q`` that autocast would cast (it would cast the ignored input in full too)."""
+    device = q.device.type
+    if (
+        tracing()
+        or q.shape[:-2] != k.shape[:-2]
+        or (torch.is_autocast_enabled(device) and q.dtype != torch.get_autocast_dtype(device))
+    ):
         return (q * scale) @ k.transpose(-2, -1)
     q3, k3 = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:])  # (B', N, d), (B', M, d)
     ignored = q3.new_empty(()).expand(q3.shape[0], q3.shape[1], k3.shape[1])
