@@ -14,11 +14,10 @@ FLOPs do not depend on them; a trained model's denormals can, see ``ORT_SESSION_
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from profile_vs_timm import profile_rounds
 
 from vision_tfm.export.benchmark import time_runs
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
@@ -26,14 +25,15 @@ from vision_tfm.models import create_model
 
 
 def self_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, tuple[float, int]]:
-    """Per op: self CPU milliseconds and calls, per forward pass."""
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(runs):
+    """Per op, slowest first: self CPU milliseconds and calls, per forward pass."""
+
+    def step() -> None:
+        with torch.inference_mode():
             model(x)
-    out: dict[str, tuple[float, int]] = collections.OrderedDict()
-    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total):
-        out[e.key] = (e.self_cpu_time_total / runs / 1e3, e.count // runs)
-    return out
+
+    ops = profile_rounds({"eager": step}, runs)["eager"]  # microseconds, summed over runs
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1][0])
+    return {k: (t / runs / 1e3, n // runs) for k, (t, n) in ranked}
 
 
 def main() -> None:
