@@ -17,6 +17,14 @@ reads at the rectangle's centre against the true one, by opening size.
 
     python benchmarks/grasp_failures.py runs/grasp/<fold1>/last.pt --data runs/inner/f0 \
         --all-views --width-fit
+
+Over several runs, ``--per-view`` says whether the misses are the same views whatever the
+recipe (a view most runs miss is a limit of the data, not of one recipe), and
+``--ensemble`` scores the map-averaged ensemble of the runs that share a validation split
+(quality, angle and width maps averaged after their activations, then decoded as usual):
+
+    python benchmarks/grasp_failures.py runs/inner/{a,b,c}_k*/*/last.pt --data runs/inner/f0 \
+        --per-view --ensemble
 """
 
 from __future__ import annotations
@@ -46,31 +54,63 @@ OPENING_OFF = 1.4  # an opening this many times too large (or small) counts as w
 OPENING_BINS = (0, 12, 20, 30, 45, math.inf)  # ground-truth opening, map pixels
 
 
-def failures(
-    checkpoint: str, data: str | None, all_views: bool = False
-) -> tuple[int, list[dict], list[tuple[float, float]]]:
-    """(views scored, one dict per failed view, (true, read) opening per ground-truth
-    rectangle) for one checkpoint on its val split, or on every view of ``data``."""
+@dataclasses.dataclass
+class Scored:
+    """One checkpoint's activated maps on every view it scores, and how it decodes them."""
+
+    checkpoint: str
+    views: list[str]
+    maps: list[torch.Tensor]  # per view (1, 4, H, W), MAP_KEYS order, after the activations
+    rects: list[np.ndarray]  # per view (K, 4, 2) ground truth, map pixels
+    decode: dict
+    width_scale: float
+
+
+def score(checkpoint: str, data: str | None, all_views: bool = False) -> Scored:
+    """Run one checkpoint on its val split, or on every view of ``data``, with the
+    deployment preprocessing its config names."""
     src = load_source(checkpoint, data_root=data)
     if all_views:  # one view trains, the rest validate: the split's floor on train_frac
         d = dataclasses.replace(src.cfg.data, folds=0, train_frac=1e-9)
         src.cfg = dataclasses.replace(src.cfg, data=d)
     val = src.datasets()[1]
-    kw = src.cfg.eval.decode_kwargs(src.cfg.data.width_scale)
-    out, openings = [], []
+    scored = Scored(
+        checkpoint=checkpoint,
+        views=[],
+        maps=[],
+        rects=[],
+        decode=src.cfg.eval.decode_kwargs(src.cfg.data.width_scale),
+        width_scale=src.cfg.data.width_scale,
+    )
     for i in range(len(val)):
         x, _, rects = val[i]
         with torch.no_grad():
-            maps = split_maps(src.model(x[None]))
-        width = maps["width"][0, 0].numpy() * src.cfg.data.width_scale
-        for g in as_grasps(rects):
-            r, c = round(g.y), round(g.x)
-            if 0 <= r < width.shape[0] and 0 <= c < width.shape[1]:
-                openings.append((g.opening, float(width[r, c])))
-        preds = decode_grasps(*(maps[k][0, 0] for k in MAP_KEYS), num_grasps=1, **kw)
+            scored.maps.append(src.model(x[None]))
+        scored.views.append(val.views[i].view_id)
+        scored.rects.append(rects)
+    return scored
+
+
+def top_grasps(maps: torch.Tensor, decode: dict) -> list:
+    """The top grasp of one view's stacked maps, decoded as the run decodes (post-filters)."""
+    m = split_maps(maps)
+    return decode_grasps(*(m[k][0, 0] for k in MAP_KEYS), num_grasps=1, **decode)
+
+
+def correct(scored: Scored) -> list[bool]:
+    """Top-1 rectangle-metric result per view."""
+    return [
+        grasp_correct(top_grasps(m, scored.decode), r) for m, r in zip(scored.maps, scored.rects)
+    ]
+
+
+def failures(scored: Scored) -> list[dict]:
+    """One dict per view the checkpoint gets wrong: how its top grasp misses."""
+    out = []
+    for view, m, rects in zip(scored.views, scored.maps, scored.rects):
+        preds = top_grasps(m, scored.decode)
         if grasp_correct(preds, rects):
             continue
-        view = val.views[i].view_id
         if not preds:
             out.append({"view": view, "kind": "no grasp"})
             continue
@@ -98,7 +138,61 @@ def failures(
                 "quality": p.quality,
             }
         )
-    return len(val), out, openings
+    return out
+
+
+def openings(scored: Scored) -> list[tuple[float, float]]:
+    """(true, read) opening at the centre of every ground-truth rectangle, map pixels."""
+    out = []
+    for m, rects in zip(scored.maps, scored.rects):
+        width = split_maps(m)["width"][0, 0].numpy() * scored.width_scale
+        for g in as_grasps(rects):
+            r, c = round(g.y), round(g.x)
+            if 0 <= r < width.shape[0] and 0 <= c < width.shape[1]:
+                out.append((g.opening, float(width[r, c])))
+    return out
+
+
+def print_per_view(runs: list[Scored]) -> None:
+    """How many of the runs that score each view get it right: the views most runs miss."""
+    right: dict[str, list[bool]] = {}
+    for scored in runs:
+        for view, ok in zip(scored.views, correct(scored)):
+            right.setdefault(view, []).append(ok)
+    print("\n| view | runs right |\n|---|---|")
+    for view, oks in sorted(right.items(), key=lambda kv: (sum(kv[1]) / len(kv[1]), kv[0])):
+        if not all(oks):
+            print(f"| {view} | {sum(oks)} / {len(oks)} |")
+    tally = Counter(sum(oks) for oks in right.values())
+    print(
+        f"{len(right)} views; by the number of runs right: "
+        + ", ".join(f"{k}: {tally[k]}" for k in sorted(tally))
+    )
+
+
+def print_ensembles(runs: list[Scored]) -> None:
+    """Score the map-averaged ensemble of the runs that share a validation split (same
+    views in the same order) and a map size, split by split, against the runs alone. Each
+    ensemble decodes with its first run's settings."""
+    splits: dict[tuple, list[Scored]] = {}
+    for scored in runs:
+        key = (tuple(scored.views), tuple(scored.maps[0].shape) if scored.maps else ())
+        splits.setdefault(key, []).append(scored)
+    together, views, lo, mean, hi = 0, 0, 0, 0.0, 0
+    for members in splits.values():
+        first = members[0]
+        alone = [sum(correct(s)) for s in members]
+        lo, mean, hi = lo + min(alone), mean + sum(alone) / len(alone), hi + max(alone)
+        for i, rects in enumerate(first.rects):
+            avg = torch.stack([s.maps[i] for s in members]).mean(0)
+            together += grasp_correct(top_grasps(avg, first.decode), rects)
+        views += len(first.views)
+    sizes = sorted(len(m) for m in splits.values())
+    print(
+        f"\nensembles of {sizes[0]}-{sizes[-1]} runs, {len(splits)} validation splits, "
+        f"{views} views: ensemble {together} right; the runs alone {mean:.1f} on average "
+        f"(worst per split summed {lo}, best {hi})"
+    )
 
 
 def print_width_fit(openings: list[tuple[float, float]]) -> None:
@@ -120,16 +214,17 @@ def main() -> None:
     p.add_argument("--data", help="dataset folder, if not the runs' data.root")
     p.add_argument("--all-views", action="store_true", help="every view of --data, not val")
     p.add_argument("--width-fit", action="store_true", help="read / true opening by size")
+    p.add_argument("--per-view", action="store_true", help="how many runs get each view right")
+    p.add_argument("--ensemble", action="store_true", help="map-averaged runs per val split")
     args = p.parse_args()
     torch.set_num_threads(1)
     tally: Counter[str] = Counter()
-    scored = 0
-    openings: list[tuple[float, float]] = []
-    for ckpt in args.checkpoints:
-        n, failed, read = failures(ckpt, args.data, args.all_views)
-        scored += n
-        openings += read
-        print(f"{ckpt}: {n - len(failed)} / {n} correct")
+    runs = [score(ckpt, args.data, args.all_views) for ckpt in args.checkpoints]
+    for scored in runs:
+        failed = failures(scored)
+        print(
+            f"{scored.checkpoint}: {len(scored.views) - len(failed)} / {len(scored.views)} correct"
+        )
         for f in failed:
             tally[f["kind"]] += 1
             if f["kind"] == "no grasp":
@@ -141,11 +236,15 @@ def main() -> None:
                 f"nearest rectangle's, {f['dist_px']:.1f} px from its centre, q {f['quality']:.2f}"
             )
     print(
-        f"{sum(tally.values())} failures in {scored} views: "
+        f"{sum(tally.values())} failures in {sum(len(r.views) for r in runs)} views: "
         + ", ".join(f"{k} {v}" for k, v in tally.most_common())
     )
     if args.width_fit:
-        print_width_fit(openings)
+        print_width_fit([o for scored in runs for o in openings(scored)])
+    if args.per_view:
+        print_per_view(runs)
+    if args.ensemble:
+        print_ensembles(runs)
 
 
 if __name__ == "__main__":
