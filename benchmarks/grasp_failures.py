@@ -56,7 +56,8 @@ OPENING_BINS = (0, 12, 20, 30, 45, math.inf)  # ground-truth opening, map pixels
 
 @dataclasses.dataclass
 class Scored:
-    """One checkpoint's activated maps on every view it scores, and how it decodes them."""
+    """One checkpoint on every view it scores: its activated maps, its top grasp (decoded
+    once, as the run decodes) and whether that grasp is right."""
 
     checkpoint: str
     views: list[str]
@@ -64,6 +65,8 @@ class Scored:
     rects: list[np.ndarray]  # per view (K, 4, 2) ground truth, map pixels
     decode: dict
     width_scale: float
+    top: list[list] = dataclasses.field(default_factory=list)  # per view, at most one grasp
+    right: list[bool] = dataclasses.field(default_factory=list)  # per view, rectangle metric
 
 
 def score(checkpoint: str, data: str | None, all_views: bool = False) -> Scored:
@@ -88,6 +91,8 @@ def score(checkpoint: str, data: str | None, all_views: bool = False) -> Scored:
             scored.maps.append(src.model(x[None]))
         scored.views.append(val.views[i].view_id)
         scored.rects.append(rects)
+        scored.top.append(top_grasps(scored.maps[-1], scored.decode))
+        scored.right.append(grasp_correct(scored.top[-1], rects))
     return scored
 
 
@@ -97,19 +102,11 @@ def top_grasps(maps: torch.Tensor, decode: dict) -> list:
     return decode_grasps(*(m[k][0, 0] for k in MAP_KEYS), num_grasps=1, **decode)
 
 
-def correct(scored: Scored) -> list[bool]:
-    """Top-1 rectangle-metric result per view."""
-    return [
-        grasp_correct(top_grasps(m, scored.decode), r) for m, r in zip(scored.maps, scored.rects)
-    ]
-
-
 def failures(scored: Scored) -> list[dict]:
     """One dict per view the checkpoint gets wrong: how its top grasp misses."""
     out = []
-    for view, m, rects in zip(scored.views, scored.maps, scored.rects):
-        preds = top_grasps(m, scored.decode)
-        if grasp_correct(preds, rects):
+    for view, preds, rects, ok in zip(scored.views, scored.top, scored.rects, scored.right):
+        if ok:
             continue
         if not preds:
             out.append({"view": view, "kind": "no grasp"})
@@ -157,7 +154,7 @@ def print_per_view(runs: list[Scored]) -> None:
     """How many of the runs that score each view get it right: the views most runs miss."""
     right: dict[str, list[bool]] = {}
     for scored in runs:
-        for view, ok in zip(scored.views, correct(scored)):
+        for view, ok in zip(scored.views, scored.right):
             right.setdefault(view, []).append(ok)
     print("\n| view | runs right |\n|---|---|")
     for view, oks in sorted(right.items(), key=lambda kv: (sum(kv[1]) / len(kv[1]), kv[0])):
@@ -181,7 +178,7 @@ def print_ensembles(runs: list[Scored]) -> None:
     together, views, lo, mean, hi = 0, 0, 0, 0.0, 0
     for members in splits.values():
         first = members[0]
-        alone = [sum(correct(s)) for s in members]
+        alone = [sum(s.right) for s in members]
         lo, mean, hi = lo + min(alone), mean + sum(alone) / len(alone), hi + max(alone)
         for i, rects in enumerate(first.rects):
             avg = torch.stack([s.maps[i] for s in members]).mean(0)
