@@ -2,6 +2,8 @@
 
 import math
 import shutil
+from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import torch
 from conftest import assert_names, raises_naming
 from torch.utils.data import DataLoader
 
+from vision_tfm.config import ConfigError
 from vision_tfm.data.grasp import (
     CornellGrasp,
     GraspAugment,
@@ -17,6 +20,7 @@ from vision_tfm.data.grasp import (
     JacquardGrasp,
     build_grasp_datasets,
     corners_to_jacquard,
+    fewer_train_views,
     fill_depth_holes,
     grasp_collate,
     grasp_datasets_from_config,
@@ -318,6 +322,33 @@ def test_kfold_splits_are_disjoint_and_cover_every_view(split: str) -> None:
         )
     with raises_naming(ValueError, 4, 3):  # 4 folds of 3 views
         kfold_splits(ids[:3], 4)
+
+
+def test_fewer_train_views_grow_by_adding_views_and_keep_validation() -> None:
+    ids = [f"pcd{i:04d}" for i in range(100, 170)]
+    fold = kfold_splits(ids, 5, seed=0)[0]
+    kept = [fewer_train_views(fold, n, seed=0) for n in (7, 14, 28, 56)]
+    for n, k in zip((7, 14, 28, 56), kept):
+        assert len(k.train) == len(set(k.train)) == n and k.train == sorted(k.train)
+        assert k.val == fold.val and set(k.train) <= set(fold.train)
+        assert f"{n} of 56 train / 14 val" in k.name or n == 56
+    assert kept[-1] == fold  # all of them: the split itself
+    for small, large in pairwise(kept):
+        assert set(small.train) < set(large.train)  # nested: views are added, never swapped
+    assert fewer_train_views(fold, 7, seed=1).train != kept[0].train
+    for n in (0, 57):
+        with raises_naming(ValueError, "train_views", 56, n):
+            fewer_train_views(fold, n)
+
+
+def test_train_views_setting_trains_on_a_subset() -> None:
+    d = GraspDataConfig(root=str(CORNELL), input="rgb", folds=3, fold=0, train_views=1)
+    train, val, name = grasp_datasets_from_config(d, seed=0)
+    full, val_all, _ = grasp_datasets_from_config(replace(d, train_views=0), seed=0)
+    assert len(train.ids) == 1 and set(train.ids) < set(full.ids)
+    assert val.ids == val_all.ids and "1 of 2 train / 1 val" in name
+    with raises_naming(ConfigError, "data.train_views"):  # checked where the setting enters
+        GraspDataConfig(train_views=-1)
 
 
 def test_build_grasp_datasets_fold_and_crops() -> None:

@@ -187,6 +187,7 @@ def _cli(*args, cwd):
         ("badfile", [], ("pcd0100cpos.txt", 3)),  # 3 corner lines
         ("freetext", [], ("pcd0100cpos.txt:2", "abc def")),  # file:line and the bad field
         ("empty", ["--eval-only"], ("--eval-only", "--resume")),
+        ("views", ["data.train_views=5"], ("train_views", "[1, 2]", 5)),  # 2 training views
     ],
 )
 def test_grasp_cli_bad_input(tmp_path, setup, args, names):

@@ -89,6 +89,8 @@ class GraspDataConfig(Checked):
         train_frac: Share of views used for training (when ``folds`` is 0).
         folds: k of k-fold cross-validation (``train_grasp.py --folds``); 0: one split.
         fold: The fold that validates (0-based), when ``folds`` > 0.
+        train_views: Train on this many of the split's training views, a seeded subset that
+            grows by adding views (a learning curve: how the figure scales with views); 0: all.
         output_size: Side of the square model input and maps.
         crop_size: Square crop before resizing (0: shorter image side).
         train_crop: Where training views are cropped: "centre" (the image centre, as
@@ -117,6 +119,7 @@ class GraspDataConfig(Checked):
     train_frac: float = 0.8
     folds: int = 0
     fold: int = 0
+    train_views: int = 0
     output_size: int = 224
     crop_size: int = 300
     train_crop: str = "centre"
@@ -149,6 +152,7 @@ class GraspDataConfig(Checked):
         "translate": PROBABILITY,
         "folds": NON_NEGATIVE,
         "fold": NON_NEGATIVE,
+        "train_views": NON_NEGATIVE,
     }
     ORDERED: ClassVar[tuple[str, ...]] = ("zoom",)
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -183,7 +187,8 @@ class GraspLossConfig(Checked):
             GG-CNN) or "log" (``log`` of it). The rectangle IoU judges an opening by its
             ratio to the true one; the log space charges a 2x error alike on a narrow grasp
             and a wide one, the linear space charges the narrow one far less. The recipes
-            keep "linear": "log" did not score better on the nested folds (README).
+            keep "linear": "log" did not score better on the nested folds
+            (benchmarks/results/grasp.md).
             Needs ``geometry: graspable`` (the background has no opening to take a log of).
     """
 

@@ -328,3 +328,22 @@ def kfold_splits(
         name = f"{how} fold {k + 1}/{folds}: {len(train)} train / {len(val)} val"
         out.append(Split(train, val, name))
     return out
+
+
+def fewer_train_views(split: Split, n: int, seed: int = 0) -> Split:
+    """Keep ``n`` of a split's training views, for a learning curve; validation is untouched.
+
+    The views kept are the first ``n`` of one seeded order of the training ids, so a smaller
+    ``n`` keeps a subset of what a larger one keeps: along the curve views are added, never
+    swapped, and a step in the figure is the views added, not a new draw.
+    """
+    if not 1 <= n <= len(split.train):
+        raise ValueError(
+            f"train_views must be in [1, {len(split.train)}] (the split's training views), got {n}"
+        )
+    if n == len(split.train):
+        return split
+    order = np.random.default_rng(seed).permutation(len(split.train))
+    train = sorted(split.train[i] for i in order[:n])
+    name = split.name.replace(f"{len(split.train)} train", f"{n} of {len(split.train)} train", 1)
+    return Split(train, split.val, name)

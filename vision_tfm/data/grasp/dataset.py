@@ -25,6 +25,7 @@ from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, encode_grasp_maps
 from .annotations import (
     GraspDataError,
     GraspView,
+    fewer_train_views,
     find_cornell_views,
     find_jacquard_views,
     kfold_splits,
@@ -244,6 +245,7 @@ def build_grasp_datasets(
     seed: int = 0,
     folds: int = 0,
     fold: int = 0,
+    train_views: int = 0,
     augment: GraspAugment | bool = True,
     train_crop: CropMode = "centre",
     repeat: int = 1,
@@ -260,6 +262,8 @@ def build_grasp_datasets(
         split, train_frac, seed: As :func:`split_ids` takes them (objects from the views).
         folds: Cross-validation folds (:func:`kfold_splits`); 0 uses ``train_frac`` instead.
         fold: Which fold validates (0-based) when ``folds`` > 0.
+        train_views: Train on this many of the split's training views (:func:`fewer_train_views`,
+            seeded with ``seed``); 0 keeps them all.
         augment: True for the default :class:`GraspAugment`, False for none, or an instance;
             applied to the training set only.
         train_crop: Crop of the training views (``"centre"`` or ``"grasps"``).
@@ -278,9 +282,10 @@ def build_grasp_datasets(
     full = cls(root, **kwargs, crop="centre")
     groups = [v.object_id for v in full.views]
     if folds:
-        train_ids, val_ids, how = kfold_splits(full.ids, folds, split, seed, groups)[fold]
+        cut = kfold_splits(full.ids, folds, split, seed, groups)[fold]
     else:
-        train_ids, val_ids, how = split_ids(full.ids, split, train_frac, seed, groups=groups)
+        cut = split_ids(full.ids, split, train_frac, seed, groups=groups)
+    train_ids, val_ids, how = fewer_train_views(cut, train_views, seed) if train_views else cut
     if augment is True:
         augment = GraspAugment()
     train = GraspDataset(
@@ -308,6 +313,7 @@ def grasp_datasets_from_config(
         seed=seed,
         folds=d.folds,
         fold=d.fold,
+        train_views=d.train_views,
         input=d.input,
         output_size=d.output_size,
         crop_size=d.crop_size or None,
