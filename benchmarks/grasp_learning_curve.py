@@ -80,7 +80,11 @@ def main() -> None:
     fewest = min(n_train for n_train, _ in sizes)
     if min(views) < 1 or max(views) > fewest:
         raise SystemExit(f"--views must lie in [1, {fewest}] (the smallest fold's training views)")
-    repeat = recipe_repeat(a.model)
+    # a data.repeat override sets the all-views base; passed on as given, it would undo the
+    # scaling below, since the last value of a key wins
+    given = [o for o in overrides if o.startswith("data.repeat=")]
+    overrides = [o for o in overrides if o not in given]
+    repeat = int(given[-1].split("=", 1)[1]) if given else recipe_repeat(a.model)
 
     todo = []
     for n in views:
