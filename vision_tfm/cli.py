@@ -293,8 +293,9 @@ def _add_benchmark(sub: argparse._SubParsersAction) -> None:
     bm.add_argument(
         "--formats",
         default="torch,torch-bf16,onnx,onnx-int8-dynamic,onnx-int8-static",
-        help="comma list of torch, torch-bf16, onnx, onnx-opset23, onnx-int8-dynamic, "
-        "onnx-int8-static, openvino, openvino-bf16, openvino-int8 (the openvino extra)",
+        help="comma list of torch, torch-bf16, torch-optimized, torch-compiled, onnx, "
+        "onnx-opset23, onnx-int8-dynamic, onnx-int8-static, openvino, openvino-bf16, "
+        "openvino-int8 (the openvino extra)",
     )
     bm.add_argument("--threads", type=int, default=2)
     bm.add_argument("--out", help="folder for benchmark.{md,csv,json} (default: beside ckpt)")

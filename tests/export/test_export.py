@@ -439,6 +439,22 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert_names(err, "--keep-exports", tmp_path / "k", "--overwrite")
 
 
+def test_benchmark_times_pytorchs_deployment_paths(vit_export: Path, tmp_path: Path) -> None:
+    """optimize_for_inference, eager and compiled, are rows like the runtimes': held to fp32
+    parity with the torch row, timed, and measured in their own process."""
+    out, formats = tmp_path / "b", "torch,torch-optimized,torch-compiled"
+    quick = ("--quick", "--threads", "1", "--out", out)
+    vtfm("benchmark", "--checkpoint", vit_export / "vit_mnist.pt", "--formats", formats, *quick)
+    rows = {r["format"]: r for r in csv.DictReader((out / "benchmark.csv").open())}
+    assert list(rows) == formats.split(",")
+    for fmt in ("torch-optimized", "torch-compiled"):
+        r = rows[fmt]
+        assert r["status"] == "ok", r
+        assert float(r["max_abs_diff"]) <= 1e-4 and float(r["top1_agreement"]) == 1.0
+        assert float(r["latency_median_ms"]) > 0 and float(r["peak_rss_mb"]) > 0
+        assert r["size_mb"] == rows["torch"]["size_mb"]  # the same weights
+
+
 def openvino_benchmark(ckpt: Path, out: Path, formats: str, *extra: str, rc: int = 0) -> dict:
     """``vtfm benchmark`` in a child process: OpenVINO's CPU plugin loaded into the pytest
     process made a later ``torch.compile`` test segfault, so it never loads here."""

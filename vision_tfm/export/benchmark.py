@@ -8,10 +8,16 @@ measured apart from the timing, in a fresh process per format (:mod:`.memory`).
 A grasp checkpoint is scored by grasp accuracy on its centre-cropped val views; agreement is
 that of each view's top grasp with fp32 PyTorch's. Without a checkpoint (``--model NAME``) a
 registered model gets speed, memory and agreement rows on real images, without their labels.
+
+``torch-optimized`` and ``torch-compiled`` are PyTorch's deployment paths
+(:func:`vision_tfm.optimize_for_inference`, eager, and with ``compile=True``): which one is
+faster depends on the CPU, so the table measures both beside the runtimes. The compiled row
+compiles once per input shape before it is timed; its peak memory includes the compilation.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -34,6 +40,7 @@ import torch
 from ..layers import attention_dispatch
 from ..layers.attention_dispatch import warn_if_bf16_emulated
 from ..models import get_model_entry
+from ..optimize import optimize_for_inference
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
 from .memory import CALLS, peak_rss_mb
 from .onnx import (
@@ -62,6 +69,8 @@ from .source import ExportSource, Runner, load_source, max_abs_diff, model_sourc
 FORMATS = (
     "torch",
     "torch-bf16",
+    "torch-optimized",
+    "torch-compiled",
     "onnx",
     f"onnx-opset{ATTENTION_OPSET}",
     "onnx-int8-dynamic",
@@ -72,6 +81,7 @@ FORMATS = (
 )
 # exported formats held to the fp32 tolerance against PyTorch on the val images
 FP32_FORMATS = ("onnx", f"onnx-opset{ATTENTION_OPSET}", "openvino")
+TORCH_FAST = ("torch-optimized", "torch-compiled")  # optimize_for_inference, fp32
 TABLE_FILES = ("benchmark.md", "benchmark.csv", "benchmark.json")
 _PATH_SETTINGS = ("data", "calib_data", "weights")  # recorded by name: no machine layout
 MAX_SECONDS = 3600.0
@@ -245,6 +255,9 @@ class _Formats:
     def build(self, fmt: str) -> tuple[Runner, str, float]:
         """``(runner, status, size in MB)`` for one format."""
         src, threads = self.source, self.opts.threads
+        if fmt in TORCH_FAST:
+            fast = optimize_for_inference(copy.deepcopy(src.model), compile=fmt == "torch-compiled")
+            return src.torch_runner(model=fast), "ok", _state_dict_mb(src.model)
         if fmt.startswith("torch"):
             size = _state_dict_mb(src.model)
             return src.torch_runner(bf16=fmt == "torch-bf16"), "ok", size
@@ -352,10 +365,11 @@ def benchmark_checkpoint(
                     row.metric_delta = ev.metric - ref.metric
                 row.top1_agreement = ev.top1_agreement(ref)
                 row.max_abs_diff = max_abs_diff(ev.outputs, ref.outputs)
-                if fmt in FP32_FORMATS and row.status == "ok" and row.max_abs_diff > opts.atol:
+                fp32 = fmt in FP32_FORMATS or fmt in TORCH_FAST
+                if fp32 and row.status == "ok" and row.max_abs_diff > opts.atol:
                     row.status = (
-                        f"exported but parity failed: max abs diff {row.max_abs_diff:.2e} > "
-                        f"{opts.atol:.0e} on the val images"
+                        f"{'exported but ' if fmt in FP32_FORMATS else ''}parity failed: max "
+                        f"abs diff {row.max_abs_diff:.2e} > {opts.atol:.0e} on the val images"
                     )
                 runners[fmt] = runner
             except Exception as e:  # one format's failure is a row, not the end of the table

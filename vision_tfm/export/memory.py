@@ -28,8 +28,9 @@ def peak_rss_mb(
     """Peak resident memory (MB, 10^6 bytes) of a process that runs ``model`` on ``x``.
 
     Args:
-        kind: ``onnx`` (onnxruntime), ``openvino``, ``openvino-bf16``, ``torch`` or
-            ``torch-bf16`` (a module saved whole with ``torch.save``).
+        kind: ``onnx`` (onnxruntime), ``openvino``, ``openvino-bf16``, ``torch``,
+            ``torch-bf16``, ``torch-optimized`` or ``torch-compiled`` (a module saved whole
+            with ``torch.save``; the last two are optimised in the child).
         model: The file the runtime loads.
         x: The input, a float32 NCHW numpy array (or a tensor).
         threads: Intra-op threads, as in the timed runs.
@@ -92,6 +93,10 @@ def _run(spec: dict[str, Any]) -> float:
 
         torch.set_num_threads(threads)
         model = torch.load(path, weights_only=False)  # our own hand-off file, written just now
+        if kind in ("torch-optimized", "torch-compiled"):
+            from vision_tfm.optimize import optimize_for_inference
+
+            model = optimize_for_inference(model, compile=kind == "torch-compiled")
         t = torch.from_numpy(x)
         dtype = torch.bfloat16 if kind.endswith("-bf16") else torch.float32
         with torch.inference_mode(), torch.autocast("cpu", dtype, enabled=dtype != torch.float32):

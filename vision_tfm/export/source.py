@@ -111,13 +111,15 @@ class ExportSource:
     def metric_name(self) -> str | None:
         return "grasp_acc" if self.task == "grasp" else "top1"
 
-    def torch_runner(self, *, bf16: bool = False) -> Runner:
-        """The model as a :data:`Runner`, without autograd; with ``bf16`` under CPU bf16
-        autocast (weights stay fp32; matmuls run in bf16)."""
+    def torch_runner(self, *, bf16: bool = False, model: nn.Module | None = None) -> Runner:
+        """The model (or ``model``, a faster form of it) as a :data:`Runner`, without
+        autograd; with ``bf16`` under CPU bf16 autocast (weights stay fp32; matmuls run in
+        bf16)."""
+        model = self.model if model is None else model
 
         def run(x: torch.Tensor) -> list[torch.Tensor]:
             with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-                out = self.model(x)
+                out = model(x)
                 outs = [out[k] for k in self.output_names] if isinstance(out, dict) else [out]
                 return [o.float() for o in outs]
 
