@@ -30,6 +30,9 @@ default) gives both models torch's AdamW as built without options, so the ratio 
 models'; ``--optimizer builders`` gives each the AdamW its library's builder makes for a
 user (ours ``vision_tfm.train.engine.build_optimizer``: fused; timm ``create_optimizer_v2``),
 so the ratio is the training step a user of each gets.
+In bf16 inference the reference runs under ``torch.autocast`` with its fp32 weights, cast
+on every call, as autocast users run it; ``--ref-weights bf16`` casts its weights to bf16
+once, as ours are, for the reference a user who casts the model gets.
 ``--check`` exits 1, after the table, when any case runs below ``CHECK_MIN`` (0.95x) its
 reference. ``--attn sdpa`` or ``--attn explicit`` overrides the attention dispatch in ours
 (``auto``, the default, is what users get), to settle a rule of
@@ -139,8 +142,9 @@ def interleaved(
     return {k: statistics.median(v) for k, v in times.items()}, first
 
 
-def build(kind: str, prec: str, mode: str, compile: bool = False):
-    """(ours, reference, label of the reference), same weights; ``compile`` compiles both."""
+def build(kind: str, prec: str, mode: str, compile: bool = False, ref_bf16: bool = False):
+    """(ours, reference, label of the reference), same weights; ``compile`` compiles both,
+    ``ref_bf16`` casts the reference's weights to bf16 for bf16 inference."""
     ours_name, timm_name = PAIRS[kind]
     torch.manual_seed(0)
     if timm_name is None:  # grasp: the reference is our own unoptimised model
@@ -154,6 +158,8 @@ def build(kind: str, prec: str, mode: str, compile: bool = False):
     if mode == "infer":
         dtype = torch.bfloat16 if prec == "bf16" else None
         ours = vt.optimize_for_inference(ours, dtype=dtype, compile=compile)
+        if ref_bf16 and dtype is not None:
+            ref, label = ref.to(dtype), f"{label} (bf16 weights)"
         if compile:
             ref = FrozenCompiled(ref)
     else:
@@ -240,6 +246,12 @@ def main() -> None:
         choices=("same", "builders"),
         help="training: torch's AdamW for both, or each library's builder's",
     )
+    p.add_argument(
+        "--ref-weights",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="bf16 inference: the reference's weights under autocast, or cast to bf16 once",
+    )
     args = p.parse_args()
     check_choices(p, args)
     force_attention(args.attn)
@@ -262,7 +274,9 @@ def main() -> None:
                         continue  # the fast path is inference-only
                     for batch in map(int, args.batches.split(",")):
                         torch._dynamo.reset()  # compiled code is specialised to thread count
-                        ours, ref, label = build(kind, prec, mode, args.compile)
+                        ours, ref, label = build(
+                            kind, prec, mode, args.compile, args.ref_weights == "bf16"
+                        )
                         c = 4 if kind == "grasp" else 3
                         x = torch.randn(batch, c, 224, 224)
                         xin = model_input(ours, x)
@@ -274,7 +288,7 @@ def main() -> None:
                         diff = check_parity(ours, ref, x, prec)
                         flops = (
                             batch
-                            * count_flops(getattr(ref, "_orig_mod", ref), x)
+                            * count_flops(getattr(ref, "_orig_mod", ref), model_input(ref, x))
                             * (3 if mode == "train" else 1)
                         )
                         if mode == "train":
@@ -282,7 +296,9 @@ def main() -> None:
                             ref.train()
                         steps = {
                             "ours": make_step(ours, xin, mode, prec, True, args.optimizer),
-                            "ref": make_step(ref, x, mode, prec, False, args.optimizer),
+                            "ref": make_step(
+                                ref, model_input(ref, x), mode, prec, False, args.optimizer
+                            ),
                         }
                         iters = 1 if args.quick else max(1, int(4 / batch) + 1)
                         t, first = interleaved(steps, rounds, iters)
