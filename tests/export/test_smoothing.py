@@ -125,7 +125,7 @@ def test_smoothquant_cuts_the_dynamic_int8_error_of_outlier_channels(tmp_path: P
         quantize_int8(fp32, out, "dynamic", calib, smooth=alpha, scores_fp32=False)
         err[alpha] = (ort_runner(ort_session(out))(x)[0] - ref).abs().mean().item()
     # Without VNNI onnxruntime's u8 x s8 kernel sums pairs into saturating int16, an error
-    # smoothing does not remove, so the bar is lower there (README, int8 section)
+    # smoothing does not remove, so the bar is lower there (README, export section)
     vnni = "vnni" in cpu_description()  # the ISA list it prints: avx_vnni, avx512_vnni
     assert err[0.5] < (0.75 if vnni else 0.9) * err[0.0], err
 

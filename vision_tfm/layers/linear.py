@@ -2,7 +2,7 @@
 
 torch's fp32 ``addmm`` on x86 calls MKL. On AMD CPUs MKL runs its AVX2 kernels even where
 the CPU has AVX-512, while oneDNN, also in every x86 torch build, picks its kernels by the
-CPU's flags (the figures: the README's speed section, "AMD EPYC, AVX-512 with AVX512_BF16",
+CPU's flags (the figures: the README's speed section, the AMD EPYC Zen 5 and Zen 4 tables,
 measured with ``benchmarks/bench_vs_timm.py``).
 Whether it pays is measured, not inferred from a vendor string: :func:`onednn_linear_speedup`
 times both libraries on one ViT-S-sized GEMM, once per process, and
