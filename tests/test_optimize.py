@@ -96,6 +96,10 @@ def test_optimize_compiled_is_frozen_and_matches_eager(monkeypatch, onednn):
     assert fast._orig_mod is m and fast.num_classes == m.num_classes
     swapped = [q for q in m.modules() if isinstance(q, OneDnnLinear)]
     assert all(q.frozen_graph for q in swapped) and bool(swapped) == onednn
+    # the graph runs on packed weights, held outside the state dict; a copy drops them
+    assert all(q.packed.layout == torch._mkldnn for q in swapped)
+    assert not any(k.endswith("packed") for k in m.state_dict())
+    assert not any("packed" in q._buffers for q in copy.deepcopy(m).modules())
     with torch._inductor.config.patch(force_disable_caches=True):  # a cache hit packs nothing
         out = fast(x)  # grad mode on: the wrapper runs without autograd
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)

@@ -119,9 +119,10 @@ def optimize_for_inference(
 ) -> nn.Module:
     """Fold and freeze ``model`` for inference (in place); see the module docstring.
 
-    The result must not be trained further: folded BatchNorm and frozen biases no longer
-    follow parameter updates. With ``compile`` the return value is a :class:`FrozenCompiled`
-    wrapper around the (still folded in place) model; it runs without autograd.
+    The result must not be trained further: folded BatchNorm, frozen biases and the weights
+    packed for a compiled graph no longer follow parameter updates. With ``compile`` the
+    return value is a :class:`FrozenCompiled` wrapper around the (still folded in place)
+    model; it runs without autograd.
     ``dtype`` takes a floating ``torch.dtype`` or a name such as ``"bf16"``; inputs must then
     come in that dtype (or run under autocast). ``pack_weights``: Linear layers moved to
     oneDNN keep their weight in its blocked layout too (eager CPU inference), which is faster

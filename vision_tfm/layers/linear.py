@@ -85,7 +85,9 @@ class OneDnnLinear(nn.Linear):
     Under ``torch.compile`` it emits the oneDNN op only when ``frozen_graph`` is set, i.e. the
     graph is compiled with freezing (``optimize_for_inference(compile=True)``): Inductor
     lowers the op only with its weight a graph constant, and left to itself it gives fp32
-    GEMMs to the BLAS again.
+    GEMMs to the BLAS again. Inductor does not pack a weight handed to this op, and the
+    packing op cannot be traced, so :meth:`hold_packed` keeps the packed weight as a buffer,
+    which freezing makes a constant.
     """
 
     frozen_graph: bool = False
@@ -116,9 +118,21 @@ class OneDnnLinear(nn.Linear):
             self._packed = cached
         return cached[2]
 
+    def hold_packed(self, rows: int = 256) -> None:
+        """Keep the packed weight as the buffer ``packed`` (outside the state dict) for a
+        frozen compiled graph to take as a constant. Any row count runs on it, and one packed
+        for a few hundred rows ran larger ones as fast as their own did (the speed log in
+        ``benchmarks/results``). Like the rest of a frozen model, it does not follow later
+        changes to the weight."""
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), rows)
+        self.register_buffer("packed", packed, persistent=False)
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_packed", None)  # a cache: rebuilt on the next call, never pickled or copied
+        if "packed" in self._buffers:  # oneDNN's opaque layout pickles and copies not at all
+            state["_buffers"] = {k: v for k, v in self._buffers.items() if k != "packed"}
         return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,9 +148,12 @@ class OneDnnLinear(nn.Linear):
         ):
             y = F.linear(x, self.weight, self.bias)
             return y if self.gelu is None else F.gelu(y, approximate=self.gelu)
-        # a frozen graph holds the plain weight as a constant, which Inductor packs itself
-        pack = self.pack and not compiling
-        w = self.packed_weight(max(1, x.shape[:-1].numel())) if pack else self.weight
+        if compiling:  # a frozen graph: the buffer hold_packed made, else the plain weight
+            w = self._buffers.get("packed", self.weight)
+        elif self.pack:
+            w = self.packed_weight(max(1, x.shape[:-1].numel()))
+        else:
+            w = self.weight
         return _onednn_linear(x, w, self.bias, self.gelu)
 
     @classmethod
@@ -150,14 +167,16 @@ class OneDnnLinear(nn.Linear):
 def use_onednn_linears(model: nn.Module, frozen_graph: bool = False, pack: bool = True) -> int:
     """Swap every plain ``nn.Linear`` of ``model`` for :class:`OneDnnLinear` (in place);
     returns how many were swapped. ``frozen_graph``: the model will only run compiled with
-    freezing (see :class:`OneDnnLinear`). ``pack``: eager calls keep a packed copy of the
-    weight (:meth:`OneDnnLinear.packed_weight`)."""
+    freezing (see :class:`OneDnnLinear`). ``pack``: calls run on a packed copy of the weight
+    (eager: :meth:`OneDnnLinear.packed_weight`; frozen graph: :meth:`~OneDnnLinear.hold_packed`)."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 child = OneDnnLinear.from_linear(child)
                 child.frozen_graph, child.pack = frozen_graph, pack
+                if frozen_graph and pack:
+                    child.hold_packed()
                 setattr(parent, name, child)
                 swapped += 1
     return swapped
