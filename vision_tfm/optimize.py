@@ -125,8 +125,8 @@ def optimize_for_inference(
     model; it runs without autograd.
     ``dtype`` takes a floating ``torch.dtype`` or a name such as ``"bf16"``; inputs must then
     come in that dtype (or run under autocast). ``pack_weights``: Linear layers moved to
-    oneDNN keep their weight in its blocked layout too (eager CPU inference), which is faster
-    and costs a second copy of those weights; ``False`` keeps one copy.
+    oneDNN keep their weight in its blocked layout too (eager and compiled CPU inference),
+    which is faster and costs a second copy of those weights; ``False`` keeps one copy.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
