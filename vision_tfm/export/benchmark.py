@@ -255,12 +255,14 @@ class _Formats:
     def build(self, fmt: str) -> tuple[Runner, str, float]:
         """``(runner, status, size in MB)`` for one format."""
         src, threads = self.source, self.opts.threads
-        if fmt in TORCH_FAST:
-            fast = optimize_for_inference(copy.deepcopy(src.model), compile=fmt == "torch-compiled")
-            return src.torch_runner(model=fast), "ok", _state_dict_mb(src.model)
         if fmt.startswith("torch"):
-            size = _state_dict_mb(src.model)
-            return src.torch_runner(bf16=fmt == "torch-bf16"), "ok", size
+            fast = None  # the plain model; its fast forms run a copy, folded in place
+            if fmt in TORCH_FAST:
+                fast = optimize_for_inference(
+                    copy.deepcopy(src.model), compile=fmt == "torch-compiled"
+                )
+            runner = src.torch_runner(bf16=fmt == "torch-bf16", model=fast)
+            return runner, "ok", _state_dict_mb(src.model)
         if fmt in INT8_FORMATS:
             fp32, _ = self.onnx(self.opts.opset)
             path = self.workdir / f"{fmt}.onnx"
