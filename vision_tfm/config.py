@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from .errors import VisionTfmError
+from .errors import ConfigError
 
 __all__ = [
     "Checked",
@@ -32,10 +32,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class ConfigError(VisionTfmError, ValueError):
-    """A config key is unknown, or its value has the wrong type or is out of range."""
 
 
 @dataclasses.dataclass(frozen=True)

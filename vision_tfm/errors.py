@@ -1,16 +1,21 @@
 """The package's own error types.
 
 Every expected failure (bad setting, bad file, unusable output folder) is one of these, with a
-one-line message naming the key or file. They derive from ``ValueError`` or ``OSError`` as well,
-so code that catches those keeps working.
+one-line message naming the key or file. Each also derives from the builtin type the same
+failure would raise in plain Python (``ValueError``, ``FileNotFoundError``, ``TypeError``...),
+so code that catches those keeps working, and the CLI catches :class:`VisionTfmError` alone.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "ConfigError",
     "DataError",
+    "DependencyError",
     "InputError",
+    "InputTypeError",
+    "MissingFileError",
     "RunDirError",
     "UnsafeFileError",
     "VisionTfmError",
@@ -21,6 +26,10 @@ class VisionTfmError(Exception):
     """Base of every error vision_tfm raises on purpose."""
 
 
+class ConfigError(VisionTfmError, ValueError):
+    """A config key or argument is unknown, or its value has the wrong type or is out of range."""
+
+
 class DataError(VisionTfmError, ValueError):
     """A data file (image, annotation, dataset pickle) is malformed; the message names it."""
 
@@ -29,12 +38,24 @@ class UnsafeFileError(DataError):
     """A file would run code or name objects beyond plain data if it were loaded."""
 
 
+class MissingFileError(VisionTfmError, FileNotFoundError):
+    """A file or folder the user named does not exist (or is the wrong kind of path)."""
+
+
 class CheckpointError(VisionTfmError, ValueError):
     """A checkpoint is unreadable, does not fit the model, or holds non-finite weights."""
 
 
 class InputError(VisionTfmError, ValueError):
-    """A tensor or argument given to a model has the wrong shape, channel count or dtype."""
+    """A tensor or argument given to a model has the wrong shape, channel count or value."""
+
+
+class InputTypeError(VisionTfmError, TypeError):
+    """An argument has the wrong type (a tensor's dtype, a module where a name was expected)."""
+
+
+class DependencyError(VisionTfmError, ImportError):
+    """An optional package a feature needs (onnxruntime, openvino...) is not installed."""
 
 
 class RunDirError(VisionTfmError, OSError):
