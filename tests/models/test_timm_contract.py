@@ -27,7 +27,7 @@ from vision_tfm.train.config import OptimConfig
 from vision_tfm.train.engine import build_optimizer
 
 ALL = vt.list_models()
-CLASSIFIERS = [n for n in ALL if get_model_entry(n).cls.task == "cls"]
+CLASSIFIERS = [n for n in ALL if not get_model_entry(n).cls.output_maps]
 SMALL_SIZE = {"vit": 32, "swin": 56}  # full-size names: small inputs keep the suite fast
 TRACER = {"leaf_modules": get_notrace_modules(), "autowrap_functions": get_notrace_functions()}
 
@@ -87,7 +87,7 @@ def test_default_cfg_names_and_head_contract(name):
         if cfg["pool_size"] is not None:  # spatial features at the configured size
             hw = feats.shape[2:] if m.output_fmt == "NCHW" else feats.shape[1:3]
             assert tuple(hw) == cfg["pool_size"]
-        if m.task != "cls":
+        if m.output_maps:
             return  # dense maps: no classifier to reset
         assert m.forward_head(feats, pre_logits=True).shape == (2, m.head_hidden_size)
         m.reset_classifier(5)

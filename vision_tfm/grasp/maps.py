@@ -15,12 +15,12 @@ import cv2
 import numpy as np
 import torch
 
+from vision_tfm.constants import MAP_KEYS
 from vision_tfm.grasp.rect import Grasp, grasp_axes, wrap_angle
 
 WIDTH_SCALE: float = 150.0
 """Pixels of opening that map to width 1.0 (at the 224-pixel model input)."""
 
-MAP_KEYS: tuple[str, ...] = ("quality", "cos", "sin", "width")
 
 MAP_ACTIVATIONS: dict[str, str] = {
     "quality": "sigmoid",

@@ -229,16 +229,19 @@ def run_blocks(
     norm: nn.Module | None = None,
     grad_ckpt: bool = False,
     rope: Rope | None = None,
-    normed: bool = True,
-) -> torch.Tensor:
+    normed: bool | None = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run a stack of blocks and end it as their norm placement says.
 
     ``norm`` is the model's final norm (None for none); ``normed=False`` skips it where the
-    placement allows (intermediate features). ``grad_ckpt`` recomputes each block's
-    activations in backward instead of storing them.
+    placement allows (intermediate features); ``normed=None`` returns both ends, without
+    and with it, from one pass (intermediates and the final features together).
+    ``grad_ckpt`` recomputes each block's activations in backward instead of storing them.
     """
     place = blocks[0].place  # one placement per stack (block_stack builds them alike)
     stream = place.begin(x)
     for blk in blocks:
         stream = checkpointed(blk, grad_ckpt, stream, rope)
+    if normed is None:
+        return place.end(stream, norm, False), place.end(stream, norm, True)
     return place.end(stream, norm, normed)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import nn
 
 from ..config import ConfigError
+from ..constants import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from ..errors import InputError
 
 
@@ -26,7 +26,8 @@ class VisionModel(nn.Module):
     """Base of every family: timm's model API where it is the same for all of them.
 
     Plug-in points (class attributes a family overrides):
-        task: ``"cls"`` (logits, ``train_cls.py``) or ``"grasp"`` (dense maps, ``train_grasp.py``).
+        output_maps: Names of the dense maps ``forward`` returns as a dict, in the order of
+            ``forward_maps``' channels; empty for a model that returns logits.
         checkpoint_family: Which foreign layouts ``load_pretrained`` accepts (``"vit"``,
             ``"swin"``: the suffix of ``convert.detect_source``); ``None``: own keys only.
         backbone_kind: How ``create_backbone`` reads its features: ``"stages"`` (hierarchical
@@ -42,7 +43,7 @@ class VisionModel(nn.Module):
     ``(forward_features(x), maps)``. ``prune_intermediate_layers`` drops what follows the last.
     """
 
-    task: ClassVar[str] = "cls"
+    output_maps: ClassVar[tuple[str, ...]] = ()
     checkpoint_family: ClassVar[str | None] = None
     backbone_kind: ClassVar[str | None] = None
     first_conv: ClassVar[str] = "patch_embed.proj"
@@ -94,16 +95,14 @@ class VisionModel(nn.Module):
 
     def norm_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Normalisation mean and std the data pipeline uses for this many channels."""
-        if self.in_chans == 1:
-            from ..data.config import MNIST_MEAN, MNIST_STD  # the one-channel data we ship
-
+        if self.in_chans == 1:  # the one-channel data the package ships
             return MNIST_MEAN, MNIST_STD
         extra = self.in_chans - 3
         if extra < 0:
             return (0.5,) * self.in_chans, (0.5,) * self.in_chans
         return (
-            tuple(IMAGENET_DEFAULT_MEAN) + (0.0,) * extra,
-            tuple(IMAGENET_DEFAULT_STD) + (1.0,) * extra,
+            IMAGENET_MEAN + (0.0,) * extra,
+            IMAGENET_STD + (1.0,) * extra,
         )
 
     def pool_size(self) -> tuple[int, int] | None:
@@ -134,3 +133,18 @@ class VisionModel(nn.Module):
                 f"{type(self).__name__}: global_pool must be one of {self.global_pools}, "
                 f"got {global_pool!r}"
             )
+
+
+class LinearHeadModel(VisionModel):
+    """A family whose classifier is one ``head`` Linear on ``embed_dim`` pooled features."""
+
+    embed_dim: int
+    global_pool: str
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
+        if global_pool is not None:
+            self._check_pool(global_pool)
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import AT_LEAST_ONE, NON_NEGATIVE, ConfigError, Range
+from ..constants import MAP_KEYS
 from ..layers import (
     NORM_PLACEMENTS,
     LayerNorm,
@@ -41,15 +42,13 @@ from ._common import (
     init_weights,
     select_indices,
 )
-from .base import VisionModel, check_output_fmt
+from .base import LinearHeadModel, VisionModel, check_output_fmt
 from .registry import register_model
 
 POS_EMBEDS = ("sincos", "rope", "none")
 # fx leaf functions: they branch on the input size, which torch.fx.symbolic_trace does not know
 for _fn in ("pad_to_multiple", "rope_2d", "sincos_2d"):
     torch.fx.wrap(_fn)
-
-GRASP_KEYS = ("quality", "cos", "sin", "width")  # order of the decoder's output channels
 
 
 # --- conv building blocks --------------------------------------------------------------------
@@ -178,8 +177,11 @@ class HybridTrunk(nn.Module):
             {"module": f"stem.{i}", "num_chs": c, "reduction": 2**i} for i, c in enumerate(chs)
         ] + [{"module": "norm", "num_chs": D, "reduction": self.reduction}]
 
-    def transform(self, x: torch.Tensor, norm: bool = True) -> torch.Tensor:
-        """Last stem map ``(B, C, h, w)`` -> tokens with global context, ``(B, D, h, w)``."""
+    def transform(
+        self, x: torch.Tensor, norm: bool | None = True
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Last stem map ``(B, C, h, w)`` -> tokens with global context, ``(B, D, h, w)``;
+        ``norm=None``: both the map without and with the final norm (see ``run_blocks``)."""
         x = self.proj(x)
         B, D, h, w = x.shape
         x = x.flatten(2).transpose(1, 2)  # (B, N, D); a view when x is channels_last
@@ -191,6 +193,8 @@ class HybridTrunk(nn.Module):
             sin, cos = rope_2d(h, w, D // heads, self.rope_theta, device=x.device)
             rope = Rope(sin, cos)
         x = run_blocks(self.blocks, x, self.norm, self.grad_checkpointing, rope, normed=norm)
+        if norm is None:
+            return tuple(t.transpose(1, 2).reshape(B, D, h, w) for t in x)
         return x.transpose(1, 2).reshape(B, D, h, w)  # (B, D, h, w), channels_last strides
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -199,21 +203,32 @@ class HybridTrunk(nn.Module):
         return tokens, feats
 
     def forward_intermediates(
-        self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False
-    ) -> list[torch.Tensor]:
-        """Stem stage maps then the Transformer output, all NCHW (see ``feature_info``)."""
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        norm: bool = False,
+        final: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Stem stage maps then the Transformer output, all NCHW (see ``feature_info``);
+        ``final``: also the normed token map, ``(tokens, maps)``, from the same pass."""
         n = len(self.feature_info)
         take = select_indices(indices, n, "stage")
+        stop = n - 1 if final else take[-1]
         # channels_last: faster CPU (oneDNN) and AMP convs, and the token flatten is a view
         x = x.contiguous(memory_format=torch.channels_last)
         outs = []
-        for i, stage in enumerate(self.stem[: take[-1] + 1]):
+        for i, stage in enumerate(self.stem[: stop + 1]):
             x = checkpointed(stage, self.grad_checkpointing, x)
             if i in take:
                 outs.append(x)
+        if stop < n - 1:
+            return outs
+        if not final:
+            return [*outs, self.transform(x, norm=norm)]
+        raw, tokens = self.transform(x, norm=None)
         if take[-1] == n - 1:
-            outs.append(self.transform(x, norm=norm))
-        return outs
+            outs.append(tokens if norm else raw)
+        return tokens, outs
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction}, pos_embed={self.pos_embed}"
@@ -259,11 +274,13 @@ class _HybridModel(VisionModel):
         intermediates_only: bool = False,
     ) -> list | tuple[torch.Tensor, list]:
         """Stem stages (strides 1, 2, 4, ...) then the token map, NCHW (see VisionModel); the
-        trunk always stops at the last index taken, so ``stop_early`` changes nothing."""
+        trunk runs once, to the last index taken (to the end when the features are returned
+        too), so ``stop_early`` changes nothing."""
         check_output_fmt(output_fmt, ("NCHW",), type(self).__name__)
         self._check(x)
-        maps = self.trunk.forward_intermediates(x, indices, norm)
-        return maps if intermediates_only else (self.trunk(x)[0], maps)
+        if intermediates_only:
+            return self.trunk.forward_intermediates(x, indices, norm)
+        return self.trunk.forward_intermediates(x, indices, norm, final=True)
 
     def prune_intermediate_layers(
         self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
@@ -302,7 +319,7 @@ class HybridConfig(HybridTrunkConfig):
     drop_rate: float = 0.0  # before the head
 
 
-class HybridClassifier(_HybridModel):
+class HybridClassifier(_HybridModel, LinearHeadModel):
     """Trunk, global average pool, linear head."""
 
     def __init__(self, cfg: HybridConfig) -> None:
@@ -326,14 +343,6 @@ class HybridClassifier(_HybridModel):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
-        if global_pool is not None:
-            self._check_pool(global_pool)
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
 
 
 # --- dense grasp maps ----------------------------------------------------------------------
@@ -377,7 +386,7 @@ class GraspHybrid(_HybridModel):
     bottom/right and the maps are cropped back, so every level upsamples by exactly 2.
     """
 
-    task = "grasp"
+    output_maps = MAP_KEYS
 
     def __init__(self, cfg: GraspHybridConfig) -> None:
         super().__init__(cfg)
@@ -386,7 +395,7 @@ class GraspHybrid(_HybridModel):
         self.decoder = nn.ModuleList(
             UpStage(widths[i], widths[i + 1], cfg.dec_depth) for i in range(len(chs) - 1)
         )
-        self.head = nn.Conv2d(chs[0], len(GRASP_KEYS), 1)
+        self.head = nn.Conv2d(chs[0], len(MAP_KEYS), 1)
         self._init_weights()
 
     def norm_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -402,7 +411,7 @@ class GraspHybrid(_HybridModel):
         return self.head(x)
 
     def forward_maps(self, x: torch.Tensor) -> torch.Tensor:
-        """Image -> the four logit maps stacked, ``(B, 4, H, W)`` in ``GRASP_KEYS`` order.
+        """Image -> the four logit maps stacked, ``(B, 4, H, W)`` in ``MAP_KEYS`` order.
 
         What export reads (:class:`vision_tfm.grasp.GraspMaps`): one map tensor activates
         and leaves the graph in one piece, where four one-channel maps cost a runtime a
@@ -414,7 +423,7 @@ class GraspHybrid(_HybridModel):
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         maps = self.forward_maps(x).split(1, dim=1)  # indexed, not iterated: fx Proxies don't
-        return {k: maps[i] for i, k in enumerate(GRASP_KEYS)}  # 4 x (B, 1, H, W) logits
+        return {k: maps[i] for i, k in enumerate(MAP_KEYS)}  # 4 x (B, 1, H, W) logits
 
 
 # --- registered sizes -------------------------------------------------------------------

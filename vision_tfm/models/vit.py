@@ -37,7 +37,7 @@ from ._common import (
     init_weights,
     select_indices,
 )
-from .base import VisionModel, check_output_fmt
+from .base import LinearHeadModel, check_output_fmt
 from .registry import register_model
 
 # fx leaf functions: they branch on the token grid, which torch.fx.symbolic_trace does not know
@@ -93,7 +93,7 @@ class ViTConfig:
             )
 
 
-class VisionTransformer(VisionModel):
+class VisionTransformer(LinearHeadModel):
     """ViT with class-token or average pooling, for any input size."""
 
     checkpoint_family = "vit"
@@ -258,14 +258,6 @@ class VisionTransformer(VisionModel):
         has_token = self.num_prefix_tokens > 0 if class_token is None else class_token
         if global_pool == "token" and not has_token:
             raise ConfigError("global_pool='token' needs class_token=True")
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Swap the head for fine-tuning on another label set (and the pooling, if given)."""
-        if global_pool is not None:
-            self._check_pool(global_pool)
-            self.global_pool = global_pool
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes else nn.Identity()
 
 
 # --- registered sizes -------------------------------------------------------------------

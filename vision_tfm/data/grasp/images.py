@@ -15,12 +15,13 @@ import cv2
 import numpy as np
 import torch
 
+from vision_tfm.constants import IMAGENET_MEAN, IMAGENET_STD
 from vision_tfm.data.datasets import load_image, open_image
 
 from .annotations import GraspDataError
 
-RGB_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # ImageNet, for pretrained backbones
-RGB_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+RGB_MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)  # for backbones pre-trained on ImageNet
+RGB_STD = np.array(IMAGENET_STD, dtype=np.float32)
 DEPTH_CLIP: float = 1.0
 """Metres either side of the crop's mean depth that survive normalisation (as in GG-CNN)."""
 
