@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, InputTypeError
 
 __all__ = [
     "Checked",
@@ -202,7 +202,7 @@ def apply_overrides(cfg: T, overrides: Mapping[str, Any], prefix: str = "") -> T
     Nested dataclasses take nested mappings or dotted keys (``optim.lr``).
     """
     if not dataclasses.is_dataclass(cfg):
-        raise TypeError(f"expected a dataclass config, got {type(cfg).__name__}")
+        raise InputTypeError(f"expected a dataclass config, got {type(cfg).__name__}")
     hints = typing.get_type_hints(type(cfg))
     names = [f.name for f in dataclasses.fields(cfg)]
     nested: dict[str, dict[str, Any]] = {}

@@ -14,9 +14,13 @@ __all__ = [
     "DataError",
     "DependencyError",
     "InputError",
+    "InputIndexError",
     "InputTypeError",
     "MissingFileError",
+    "NotAFileError",
+    "OutputExistsError",
     "RunDirError",
+    "UnknownKeyError",
     "UnsafeFileError",
     "VisionTfmError",
 ]
@@ -28,6 +32,16 @@ class VisionTfmError(Exception):
 
 class ConfigError(VisionTfmError, ValueError):
     """A config key or argument is unknown, or its value has the wrong type or is out of range."""
+
+
+class UnknownKeyError(ConfigError, KeyError):
+    """A name looked up in a collection the user chose from (a dataset's view ids) is unknown.
+
+    Also a ``KeyError``, as the plain lookup was; the message prints unquoted, as every other
+    error's does (``KeyError`` alone would show its repr).
+    """
+
+    __str__ = BaseException.__str__
 
 
 class DataError(VisionTfmError, ValueError):
@@ -42,12 +56,21 @@ class MissingFileError(VisionTfmError, FileNotFoundError):
     """A file or folder the user named does not exist (or is the wrong kind of path)."""
 
 
+class NotAFileError(MissingFileError, IsADirectoryError):
+    """A file was expected, but the path the user named is a folder."""
+
+
 class CheckpointError(VisionTfmError, ValueError):
     """A checkpoint is unreadable, does not fit the model, or holds non-finite weights."""
 
 
 class InputError(VisionTfmError, ValueError):
     """A tensor or argument given to a model has the wrong shape, channel count or value."""
+
+
+class InputIndexError(InputError, IndexError):
+    """An index is out of range (a dataset item); also an ``IndexError``, so iteration that
+    relies on it (``for item in dataset``) still stops there."""
 
 
 class InputTypeError(VisionTfmError, TypeError):
@@ -60,3 +83,7 @@ class DependencyError(VisionTfmError, ImportError):
 
 class RunDirError(VisionTfmError, OSError):
     """An output folder cannot be written, or another process holds the run dir."""
+
+
+class OutputExistsError(RunDirError, FileExistsError):
+    """An output file or folder exists and ``--overwrite`` (``overwrite=True``) was not given."""

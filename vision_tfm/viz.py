@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import ConfigError, InputError
 from .layers import Attention
 
 __all__ = ["attention_rollout", "save_heatmap_overlay"]
@@ -25,9 +26,9 @@ def attention_rollout(
     map; models without a class token use the mean over all query rows.
     """
     if not (isinstance(discard_ratio, (int, float)) and 0 <= discard_ratio < 1):  # 1: no links
-        raise ValueError(f"discard ratio must be in [0, 1), got {discard_ratio!r}")
+        raise ConfigError(f"discard ratio must be in [0, 1), got {discard_ratio!r}")
     if not hasattr(model, "blocks") or not hasattr(model, "embed"):
-        raise ValueError(f"attention rollout needs a ViT, got {type(model).__name__}")
+        raise InputError(f"attention rollout needs a ViT, got {type(model).__name__}")
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     for a in attns:
         a.store_attn, a.last_attn = True, None

@@ -30,7 +30,7 @@ from vision_tfm.data import (
 from vision_tfm.data.config import IMAGENET_MEAN, MNIST_MEAN, MNIST_STD, resolve_mean_std
 from vision_tfm.data.datasets import ArrayDataset
 from vision_tfm.data.mnist import mnist_split_indices, parse_idx
-from vision_tfm.errors import DataError
+from vision_tfm.errors import DataError, MissingFileError
 from vision_tfm.train.classification import ClsConfig
 
 MNIST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -415,10 +415,10 @@ def test_cifar10_errors(tmp_path: Path) -> None:
 
 
 def test_infer_dataset_kind_errors(tmp_path: Path) -> None:
-    with raises_naming(FileNotFoundError, tmp_path / "none"):
+    with raises_naming(MissingFileError, tmp_path / "none"):
         infer_dataset_kind(tmp_path / "none")
     (tmp_path / "f.txt").write_text("x")
-    with raises_naming(ValueError, tmp_path / "f.txt"):
+    with raises_naming(DataError, tmp_path / "f.txt"):
         infer_dataset_kind(tmp_path / "f.txt")
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -33,6 +33,7 @@ from vision_tfm.data.grasp import (
     split_ids,
     to_input,
 )
+from vision_tfm.errors import InputIndexError, MissingFileError
 from vision_tfm.grasp import (
     MAP_KEYS,
     Grasp,
@@ -201,15 +202,15 @@ def test_malformed_file_in_dataset(tmp_path: Path) -> None:
 
 def test_missing_depth(tmp_path: Path) -> None:
     root = cornell_copy(tmp_path, depth=False)
-    with raises_naming(FileNotFoundError, "pcd0100d.tiff", "rgbd"):
+    with raises_naming(MissingFileError, "pcd0100d.tiff", "rgbd"):
         CornellGrasp(root, input="rgbd")
     assert CornellGrasp(root, input="rgb")[0][0].shape == (3, 224, 224)
 
 
 def test_root_without_views(tmp_path: Path) -> None:
-    with raises_naming(FileNotFoundError, tmp_path, "Cornell"):
+    with raises_naming(MissingFileError, tmp_path, "Cornell"):
         CornellGrasp(tmp_path)
-    with raises_naming(FileNotFoundError, tmp_path, "Jacquard"):
+    with raises_naming(MissingFileError, tmp_path, "Jacquard"):
         JacquardGrasp(tmp_path)
 
 
@@ -389,7 +390,7 @@ def test_repeat_serves_each_training_view_several_times_freshly_augmented() -> N
     a, _, ra = train[0]
     b, _, rb = train[2]  # same view, second pass
     assert ra.shape == rb.shape and not torch.equal(a, b)
-    with raises_naming(IndexError, 6):
+    with raises_naming(InputIndexError, 6):  # an IndexError too: iteration stops there
         train[6]
 
 

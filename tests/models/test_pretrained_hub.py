@@ -17,6 +17,7 @@ from conftest import raises_naming
 from safetensors.torch import save_file
 
 import vision_tfm as vt
+from vision_tfm.errors import CheckpointError, ConfigError, MissingFileError
 from vision_tfm.train.config import ModelConfig
 
 NAME, TAG = "vit_tiny_patch16_224", "augreg_in21k_ft_in1k"
@@ -82,14 +83,24 @@ def test_pretrained_adapts_channels_head_and_grid_as_timm_does(offline_cache):
 def test_offline_without_cache_is_one_line_naming_repo_cache_and_alternative(
     offline_cache, tmp_path
 ):
-    with raises_naming(RuntimeError, f"timm/{NAME}.{TAG}", tmp_path, "checkpoint_path"):
+    with raises_naming(MissingFileError, f"timm/{NAME}.{TAG}", tmp_path, "checkpoint_path"):
+        vt.create_model(NAME, pretrained=True, **SHRINK)  # also a FileNotFoundError
+
+
+def test_corrupt_cached_weights_are_a_checkpoint_error_naming_repo_and_cache(
+    offline_cache, tmp_path
+):
+    offline_cache(NAME, TAG, _timm_ref())
+    (weights,) = tmp_path.rglob("model.safetensors")
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")  # a truncated header
+    with raises_naming(CheckpointError, f"timm/{NAME}.{TAG}", tmp_path, "checkpoint_path"):
         vt.create_model(NAME, pretrained=True, **SHRINK)
 
 
 def test_no_published_weights_or_unknown_tag():
-    with raises_naming(ValueError, "vit_mnist", "checkpoint_path"):
+    with raises_naming(ConfigError, "vit_mnist", "checkpoint_path"):
         vt.create_model("vit_mnist", pretrained=True)
-    with raises_naming(ValueError, "no_such_tag", "augreg_in21k_ft_in1k"):  # the real tags
+    with raises_naming(ConfigError, "no_such_tag", "augreg_in21k_ft_in1k"):  # the real tags
         vt.create_model(NAME, pretrained="no_such_tag", **SHRINK)
 
 

@@ -75,8 +75,9 @@ def build_cls_datasets(cfg: DataConfig, aug: AugConfig) -> ClsData:
     """Build augmented train and deterministic val datasets as `cfg` describes.
 
     Raises:
-        ValueError: An invalid config value, an unknown layout, or malformed data files.
-        FileNotFoundError: `cfg.root` or a required file/folder under it is missing.
+        ConfigError, DataError: An invalid config value; an unknown layout or malformed data
+            files (both ValueErrors).
+        MissingFileError: `cfg.root` or a required file/folder under it is missing.
     """
     if cfg.name != "mnist" and not cfg.root:  # a YAML recipe leaves it to --data
         raise ConfigError(f"data.root is required for data.name={cfg.name!r}")

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Checked, Range
-from ..constants import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
+from ..errors import ConfigError
 
 DATASET_NAMES = ("mnist", "imagefolder", "cifar10")
 AUG_KINDS = ("affine", "rrc", "none")
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MNIST_MEAN = (0.1307,)
+MNIST_STD = (0.3081,)
 # ITU-R 601 luma weights: the same ones PIL uses for convert("L"), so array and file inputs agree.
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 
@@ -147,11 +151,13 @@ def resolve_mean_std(cfg: DataConfig) -> tuple[tuple[float, ...], tuple[float, .
     if cfg.mean:
         mean, std = tuple(cfg.mean), tuple(cfg.std)
         if len(mean) != len(std):
-            raise ValueError(f"data.mean has {len(mean)} values but data.std has {len(std)}")
+            raise ConfigError(f"data.mean has {len(mean)} values but data.std has {len(std)}")
         if len(mean) == 1 and in_chans == 3:
             mean, std = mean * 3, std * 3
         if len(mean) != in_chans:
-            raise ValueError(f"data.mean has {len(mean)} values; the model has {in_chans} channels")
+            raise ConfigError(
+                f"data.mean has {len(mean)} values; the model has {in_chans} channels"
+            )
         return mean, std
     if cfg.name == "mnist":
         return MNIST_MEAN * in_chans, MNIST_STD * in_chans

@@ -2,7 +2,7 @@
 
 Corrupt-image policy (ImageFolder): construction only lists files, which stays fast for
 ImageNet-sized trees. A file that cannot be decoded (truncated, not an image) raises a
-one-line ValueError naming its path when it is first read. Nothing is skipped silently:
+one-line DataError naming its path when it is first read. Nothing is skipped silently:
 skipping would shift class balance and make epoch lengths lie. Delete or fix the file and
 restart. An image past :data:`MAX_IMAGE_PIXELS` or :data:`MAX_ASPECT_RATIO` is refused from its
 header, before any pixel is decoded.
@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..errors import DataError, UnsafeFileError
+from ..errors import ConfigError, DataError, InputError, MissingFileError, UnsafeFileError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -48,7 +48,7 @@ class ArrayDataset(Dataset):
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Transform) -> None:
         if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+            raise InputError(f"{len(images)} images but {len(labels)} labels")
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self.transform = transform
@@ -83,14 +83,14 @@ def load_image(path: str | Path, in_chans: int = 3) -> np.ndarray:
     """Decode an image file to HWC uint8 with `in_chans` (1 or 3) channels.
 
     Raises:
-        FileNotFoundError: The file does not exist.
-        ValueError: The file is truncated, corrupt or not an image; the message names it.
+        MissingFileError: The file does not exist (a FileNotFoundError).
+        DataError: The file is truncated, corrupt or not an image; the message names it.
     """
     if in_chans not in (1, 3):
-        raise ValueError(f"in_chans={in_chans} is invalid; expected 1 or 3")
+        raise ConfigError(f"in_chans={in_chans} is invalid; expected 1 or 3")
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"image file not found: {path}")
+        raise MissingFileError(f"image file not found: {path}")
     with open_image(path) as im:
         # convert() forces the full decode, so truncation surfaces here, not later.
         arr = np.asarray(_as_8bit(im, path).convert("L" if in_chans == 1 else "RGB"))
@@ -145,18 +145,18 @@ def _as_8bit(im: Image.Image, path: Path) -> Image.Image:
     if im.mode.startswith("I;16") or im.mode == "I":
         a = np.asarray(im, dtype=np.int64)
         if a.size and (a.min() < 0 or a.max() > 65535):
-            raise ValueError(f"{im.mode} pixels outside 0..65535; expected an 8- or 16-bit image")
+            raise DataError(f"{path}: {im.mode} pixels outside 0..65535; expected 8 or 16 bit")
         if im.mode == "I" and (not a.size or a.max() <= 255):
             return Image.fromarray(a.astype(np.uint8), "L")
         return Image.fromarray(((a + 128) // 257).astype(np.uint8), "L")  # 65535 -> 255
     if im.mode == "F":
-        raise ValueError("32-bit float pixels (mode F) have no fixed range; save as 8 or 16 bit")
+        raise DataError(f"{path}: 32-bit float pixels (mode F) have no fixed range; use 8/16 bit")
     return im
 
 
 def _check_dir(path: Path, what: str) -> None:
     if not path.is_dir():
-        raise FileNotFoundError(f"{path}: missing, expected {what}")
+        raise MissingFileError(f"{path}: missing, expected {what}")
 
 
 def _list_class_images(class_dir: Path) -> list[Path]:
@@ -164,7 +164,7 @@ def _list_class_images(class_dir: Path) -> list[Path]:
         p for p in class_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
     )
     if not files:
-        raise ValueError(f"{class_dir}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        raise DataError(f"{class_dir}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})")
     return files
 
 
@@ -186,14 +186,14 @@ def scan_image_folder(
     _check_dir(val_dir, "a val/ folder with one subfolder per class")
     classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     if not classes:
-        raise ValueError(f"{train_dir}: no class subfolders, expected train/<class>/<image>")
+        raise DataError(f"{train_dir}: no class subfolders, expected train/<class>/<image>")
     index = {name: i for i, name in enumerate(classes)}
     val_classes = sorted(p.name for p in val_dir.iterdir() if p.is_dir())
     if not val_classes:
-        raise ValueError(f"{val_dir}: no class subfolders, expected val/<class>/<image>")
+        raise DataError(f"{val_dir}: no class subfolders, expected val/<class>/<image>")
     unknown = [c for c in val_classes if c not in index]
     if unknown:
-        raise ValueError(f"{val_dir}: classes {unknown} are not in {train_dir}")
+        raise DataError(f"{val_dir}: classes {unknown} are not in {train_dir}")
 
     def samples(split_dir: Path, names: list[str]) -> list[tuple[Path, int]]:
         return [(p, index[c]) for c in names for p in _list_class_images(split_dir / c)]
@@ -251,13 +251,13 @@ def read_data_pickle(path: str | Path) -> Any:
     """Read a pickle of plain data (CIFAR-10's format) without running any code from it.
 
     Raises:
-        FileNotFoundError: No such file.
+        MissingFileError: No such file (a FileNotFoundError).
         UnsafeFileError: The pickle names a function or class beyond numpy arrays.
         DataError: Anything else that makes it unreadable, naming the file.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"CIFAR-10 file not found: {path}")
+        raise MissingFileError(f"CIFAR-10 file not found: {path}")
     try:
         with path.open("rb") as f:
             return _DataUnpickler(f, path).load()
@@ -311,7 +311,7 @@ def load_cifar10(
     """
     folder = find_cifar10_dir(root)
     if folder is None:
-        raise FileNotFoundError(f"{root}: no {CIFAR10_TRAIN_FILES[0]} here or in {CIFAR10_SUBDIR}/")
+        raise MissingFileError(f"{root}: no {CIFAR10_TRAIN_FILES[0]} here or in {CIFAR10_SUBDIR}/")
     meta_path = folder / CIFAR10_META_FILE
     meta = read_data_pickle(meta_path)
     names = meta.get(b"label_names") if isinstance(meta, dict) else None
@@ -336,11 +336,11 @@ def infer_dataset_kind(root: str | Path) -> str:
     """Map a `--data PATH` folder to a `DataConfig.name`: "imagefolder" or "cifar10"."""
     root = Path(root)
     if not root.exists():
-        raise FileNotFoundError(f"data folder not found: {root}")
+        raise MissingFileError(f"data folder not found: {root}")
     if not root.is_dir():
-        raise ValueError(f"{root}: not a folder, expected a dataset folder")
+        raise DataError(f"{root}: not a folder, expected a dataset folder")
     if not any(root.iterdir()):
-        raise ValueError(f"{root}: folder is empty, expected train/ and val/ or CIFAR-10 batches")
+        raise DataError(f"{root}: folder is empty, expected train/ and val/ or CIFAR-10 batches")
     if find_cifar10_dir(root) is not None:
         return "cifar10"
     has_train, has_val = (root / "train").is_dir(), (root / "val").is_dir()
@@ -348,8 +348,8 @@ def infer_dataset_kind(root: str | Path) -> str:
         return "imagefolder"
     if has_train or has_val:
         missing = "val/" if has_train else "train/"
-        raise ValueError(f"{root}: has {'train/' if has_train else 'val/'} but no {missing}")
-    raise ValueError(
+        raise DataError(f"{root}: has {'train/' if has_train else 'val/'} but no {missing}")
+    raise DataError(
         f"{root}: unknown layout, expected train/<class>/ and val/<class>/ (ImageFolder) "
         f"or data_batch_1..5 (CIFAR-10 python)"
     )

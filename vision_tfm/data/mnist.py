@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ConfigError, DataError, MissingFileError
+
 MNIST_CLASSES = [str(d) for d in range(10)]
 MNIST_NUM_TRAIN = 8000
 MNIST_SPLIT_SEED = 0
@@ -35,24 +37,24 @@ def parse_idx(
 
     ``source`` names the data in errors; ``expected_magic`` (2051 images, 2049 labels), when
     given, is the magic number it must carry. A bad magic number, an unknown type code or a
-    body shorter or longer than declared is a ValueError.
+    body shorter or longer than declared is a :class:`~vision_tfm.errors.DataError`.
     """
     if len(data) < 4:
-        raise ValueError(f"{source}: {len(data)} bytes is too short for an idx header")
+        raise DataError(f"{source}: {len(data)} bytes is too short for an idx header")
     magic = int.from_bytes(data[:4], "big")
     if expected_magic is not None and magic != expected_magic:
-        raise ValueError(f"{source}: idx magic number {magic}, expected {expected_magic}")
+        raise DataError(f"{source}: idx magic number {magic}, expected {expected_magic}")
     type_code, ndim = data[2], data[3]
     if data[:2] != b"\x00\x00" or type_code not in _IDX_DTYPES or ndim == 0:
-        raise ValueError(f"{source}: {magic} is not a valid idx magic number")
+        raise DataError(f"{source}: {magic} is not a valid idx magic number")
     header_len = 4 + 4 * ndim
     if len(data) < header_len:
-        raise ValueError(f"{source}: header declares {ndim} dims but the file ends at {len(data)}")
+        raise DataError(f"{source}: header declares {ndim} dims but the file ends at {len(data)}")
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     dtype = np.dtype(_IDX_DTYPES[type_code])
     expected = header_len + int(np.prod(shape)) * dtype.itemsize
     if len(data) != expected:
-        raise ValueError(f"{source}: {len(data)} bytes, header shape {shape} needs {expected}")
+        raise DataError(f"{source}: {len(data)} bytes, header shape {shape} needs {expected}")
     arr = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)
     return arr.astype(dtype.newbyteorder("="))
 
@@ -61,7 +63,7 @@ def read_idx(path: str | Path, expected_magic: int | None = None) -> np.ndarray:
     """Read an idx file, gzipped (by `.gz` suffix) or not; see `parse_idx`."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"idx file not found: {path}")
+        raise MissingFileError(f"idx file not found: {path}")
     return _decode(path.read_bytes(), str(path), path.suffix == ".gz", expected_magic)
 
 
@@ -70,7 +72,7 @@ def _decode(raw: bytes, source: str, gzipped: bool, expected_magic: int | None) 
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as e:
-            raise ValueError(f"{source}: not a valid gzip file ({e})") from None
+            raise DataError(f"{source}: not a valid gzip file ({e})") from None
     return parse_idx(raw, source, expected_magic)
 
 
@@ -85,9 +87,9 @@ def _load_embedded() -> tuple[np.ndarray, np.ndarray]:
     images = _read_asset(_IMAGES_FILE, IDX_IMAGES_MAGIC)
     labels = _read_asset(_LABELS_FILE, IDX_LABELS_MAGIC)
     if images.shape[1:] != (28, 28) or len(images) != len(labels):
-        raise ValueError(f"embedded MNIST: images {images.shape} vs labels {labels.shape}")
+        raise DataError(f"embedded MNIST: images {images.shape} vs labels {labels.shape}")
     if labels.max() >= len(MNIST_CLASSES):
-        raise ValueError(f"embedded MNIST: label {labels.max()} is out of range 0..9")
+        raise DataError(f"embedded MNIST: label {labels.max()} is out of range 0..9")
     images.flags.writeable = False
     labels = labels.astype(np.int64)
     labels.flags.writeable = False
@@ -118,6 +120,6 @@ def load_mnist(split: str = "all") -> tuple[np.ndarray, np.ndarray]:
     if split == "all":
         return images.copy(), labels.copy()
     if split not in ("train", "val"):
-        raise ValueError(f"MNIST split {split!r} is unknown; expected 'all', 'train' or 'val'")
+        raise ConfigError(f"MNIST split {split!r} is unknown; expected 'all', 'train' or 'val'")
     idx = mnist_split_indices()[0 if split == "train" else 1]
     return images[idx], labels[idx]

@@ -19,6 +19,7 @@ from albumentations.pytorch import ToTensorV2
 from PIL import Image
 from torch.utils.data import get_worker_info
 
+from ..errors import ConfigError, InputError
 from .config import (
     LUMA_WEIGHTS,
     AugConfig,
@@ -88,11 +89,11 @@ def to_in_chans(img: np.ndarray | Image.Image, in_chans: int) -> np.ndarray:
         img = np.asarray(img.convert("L" if in_chans == 1 else "RGB"))
     arr = np.asarray(img)
     if arr.dtype != np.uint8:
-        raise ValueError(f"expected a uint8 image, got dtype {arr.dtype}")
+        raise InputError(f"expected a uint8 image, got dtype {arr.dtype}")
     if arr.ndim == 2:
         arr = arr[:, :, None]
     if arr.ndim != 3 or arr.shape[2] not in (1, 3, 4):
-        raise ValueError(f"expected an HW or HWC image with 1, 3 or 4 channels, got {arr.shape}")
+        raise InputError(f"expected an HW or HWC image with 1, 3 or 4 channels, got {arr.shape}")
     arr = arr[:, :, :3]
     if arr.shape[2] == in_chans:
         return arr
@@ -246,4 +247,5 @@ def _rand_augment(cfg: DataConfig, aug: AugConfig) -> Callable[[Image.Image], Im
     try:
         return rand_augment_transform(aug.rand_augment, hparams)
     except (AssertionError, KeyError, ValueError, IndexError) as e:
-        raise ValueError(f"aug.rand_augment={aug.rand_augment!r} is not a timm spec: {e}") from None
+        why = f"aug.rand_augment={aug.rand_augment!r} is not a timm spec: {e}"
+        raise ConfigError(why) from None

@@ -24,6 +24,7 @@ import torch
 from timm.models._features import FeatureGetterNet
 from torch import nn
 
+from ..errors import ConfigError
 from ..layers import LayerNorm2d
 from ..models import create_model
 from ..models.hub import Weights, load_weights, weights_source
@@ -106,7 +107,7 @@ class ViTFeatures(FeatureGetterNet):
     ) -> None:
         p = model.patch_size
         if p & (p - 1):
-            raise ValueError(f"ViT detection backbone needs a power-of-two patch size, got {p}")
+            raise ConfigError(f"ViT detection backbone needs a power-of-two patch size, got {p}")
         # the last block, without the final norm (ViTDet) or head: pruned as features_only does
         super().__init__(model, [-1], output_fmt="NCHW")
         self.strides = [VIT_STRIDES[i] for i in out_indices]
@@ -225,15 +226,15 @@ def _check_args(
 ) -> list[int]:
     idx = list(out_indices)
     if not idx or any(not isinstance(i, int) or not 0 <= i < n for i in idx):
-        raise ValueError(
+        raise ConfigError(
             f"{name}: out_indices {tuple(idx)} out of range: each must be in 0..{n - 1}"
         )
     if idx != sorted(set(idx)):
-        raise ValueError(f"{name}: out_indices {tuple(idx)} must be increasing without repeats")
+        raise ConfigError(f"{name}: out_indices {tuple(idx)} must be increasing without repeats")
     if not 0 <= frozen_stages <= n:
-        raise ValueError(f"{name}: frozen_stages must be in 0..{n}, got {frozen_stages}")
+        raise ConfigError(f"{name}: frozen_stages must be in 0..{n}, got {frozen_stages}")
     if extra_block not in EXTRA_BLOCKS:
-        raise ValueError(f"extra_block must be one of {sorted(EXTRA_BLOCKS)}, got {extra_block!r}")
+        raise ConfigError(f"extra_block must be one of {sorted(EXTRA_BLOCKS)}, got {extra_block!r}")
     return idx
 
 
@@ -267,12 +268,12 @@ def create_backbone(
         out_norm: Swin only: a LayerNorm2d on each output, as detection codebases often add.
         **model_kw: Overrides of the model config (``embed_dim``, ``depths``, ...).
     """
-    entry = get_model_entry(name)  # unknown name: one-line ValueError with the closest names
+    entry = get_model_entry(name)  # unknown name: one-line ConfigError with the closest names
     kind = getattr(entry.cls, "backbone_kind", None)  # declared by the family's class
     if kind not in BODIES:
-        raise ValueError(f"{name}: no detection backbone for {entry.cls.__name__} (ViT or Swin)")
+        raise ConfigError(f"{name}: no detection backbone for {entry.cls.__name__} (ViT or Swin)")
     if kind == "simple_pyramid" and out_norm:
-        raise ValueError(f"{name}: out_norm is for Swin; the ViT pyramid already ends in a norm")
+        raise ConfigError(f"{name}: out_norm is for Swin; the ViT pyramid already ends in a norm")
     if img_size is not None:
         model_kw["img_size"] = img_size
     model = create_model(name, **model_kw)

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import ConfigError
 from ..models.hub import Weights
 from .backbone import create_backbone
 
@@ -52,9 +53,9 @@ def build_detector(
         **detector_kw: Passed to the torchvision detector (score thresholds, image mean, ...).
     """
     if kind not in DETECTORS:
-        raise ValueError(f"unknown detector {kind!r}; expected one of {sorted(DETECTORS)}")
+        raise ConfigError(f"unknown detector {kind!r}; expected one of {sorted(DETECTORS)}")
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
-        raise ValueError(
+        raise ConfigError(
             f"num_classes counts the background (torchvision convention), so it must be an "
             f"integer >= 2 (background + at least one object class), got {num_classes!r}"
         )

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torchvision.ops import box_iou
 
+from ..errors import InputError
+
 __all__ = ["mean_average_precision", "voc_ap"]
 
 
@@ -49,7 +51,7 @@ def mean_average_precision(
         ``(mAP, {class: AP})``; a class with predictions but no ground truth is not scored.
     """
     if len(preds) != len(targets):
-        raise ValueError(f"{len(preds)} predictions for {len(targets)} images")
+        raise InputError(f"{len(preds)} predictions for {len(targets)} images")
     classes = sorted({int(c) for t in targets for c in t["labels"].tolist()})
     ap = {c: _class_ap(preds, targets, c, iou_threshold) for c in classes}
     return (sum(ap.values()) / len(ap) if ap else 0.0), ap

@@ -18,6 +18,8 @@ import torch
 from vision_tfm.constants import MAP_KEYS
 from vision_tfm.grasp.rect import Grasp, grasp_axes, wrap_angle
 
+from ..errors import ConfigError, InputError
+
 WIDTH_SCALE: float = 150.0
 """Pixels of opening that map to width 1.0 (at the 224-pixel model input)."""
 
@@ -114,7 +116,7 @@ def _to_map(x: Any) -> np.ndarray:
     while x.ndim > 2 and x.shape[0] == 1:
         x = x[0]
     if x.ndim != 2:
-        raise ValueError(f"expected a (H, W) or (1, H, W) map, got shape {x.shape}")
+        raise InputError(f"expected a (H, W) or (1, H, W) map, got shape {x.shape}")
     return x
 
 
@@ -191,7 +193,7 @@ def decode_grasps(
         List of :class:`Grasp` in map-pixel coordinates with the smoothed quality.
     """
     if min_distance < 0 or num_grasps < 1:
-        raise ValueError(
+        raise ConfigError(
             "decode needs min_distance >= 0 and num_grasps >= 1, "
             f"got {min_distance} and {num_grasps}"
         )

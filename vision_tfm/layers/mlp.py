@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import nn
 
+from ..errors import ConfigError
+
 
 class SwiGLU(nn.Module):
     """SiLU-gated linear unit (Shazeer 2020).
@@ -49,4 +51,4 @@ def get_mlp_layer(name: str) -> type[nn.Module]:
     try:
         return _MLPS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown mlp layer {name!r}; expected one of {sorted(_MLPS)}") from None
+        raise ConfigError(f"unknown mlp layer {name!r}; expected one of {sorted(_MLPS)}") from None

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
+
 
 class LayerNorm(nn.LayerNorm):
     """LayerNorm over the last dim; eps is explicit because ViT (1e-6) and Swin (1e-5) differ."""
@@ -46,4 +48,5 @@ def get_norm_layer(name: str) -> type[nn.Module]:
     try:
         return _NORMS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown norm layer {name!r}; expected one of {sorted(_NORMS)}") from None
+        why = f"unknown norm layer {name!r}; expected one of {sorted(_NORMS)}"
+        raise ConfigError(why) from None

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError, InputError
 from .cache import TensorCache
 from .sizes import symbolic
 
@@ -33,10 +34,10 @@ def resample_abs_pos_embed(
     if old_size is None:
         side = round(n**0.5)
         if side * side != n:
-            raise ValueError(f"cannot infer a square grid from {n} position embeddings")
+            raise InputError(f"cannot infer a square grid from {n} position embeddings")
         old_size = (side, side)
     if old_size[0] * old_size[1] != n:
-        raise ValueError(f"grid {old_size} does not hold the {n} position embeddings given")
+        raise InputError(f"grid {old_size} does not hold the {n} position embeddings given")
     if not symbolic(*new_size) and tuple(new_size) == tuple(old_size):
         return pos_embed  # (symbolic sizes always resample: exact at the same grid too)
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
@@ -73,7 +74,7 @@ def sincos_2d(
     (bounded), so the result is shared and read-only.
     """
     if dim % 4:
-        raise ValueError(f"2D sin-cos encoding needs dim divisible by 4, got {dim}")
+        raise ConfigError(f"2D sin-cos encoding needs dim divisible by 4, got {dim}")
 
     def build() -> torch.Tensor:
         ys, xs = torch.meshgrid(
@@ -126,7 +127,7 @@ def rope_2d(
     :func:`sincos_2d`.
     """
     if head_dim % 4:
-        raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {head_dim}")
+        raise ConfigError(f"2D RoPE needs head_dim divisible by 4, got {head_dim}")
 
     def build() -> tuple[torch.Tensor, torch.Tensor]:
         quarter = head_dim // 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, Range, check_ranges
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
 
 RATE = Range(0, 1, hi_open=True)  # a dropout / drop-path probability
@@ -108,6 +109,10 @@ def select_indices(indices: int | Sequence[int] | None, n: int, what: str) -> li
         return list(range(n - indices, n))
     out = []
     for i in indices:
+        try:
+            i = operator.index(i)  # numpy integers pass
+        except TypeError:
+            raise InputTypeError(f"{what} indices must be integers, got {i!r}") from None
         j = i + n if i < 0 else i
         if not 0 <= j < n:
             raise InputError(f"{what} index {i} is out of range for a model with {n} {what}")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MissingFileError, NotAFileError
 from ..layers import resample_abs_pos_embed
 
 StateDict = dict[str, torch.Tensor]
@@ -52,9 +52,9 @@ def check_checkpoint_path(path: str | os.PathLike) -> Path:
     """Fail on a missing checkpoint before anything else (e.g. an "output exists" check)."""
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; expected a checkpoint file")
+        raise NotAFileError(f"{path} is a directory; expected a checkpoint file")
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise MissingFileError(f"checkpoint not found: {path}")
     return path
 
 

@@ -8,6 +8,7 @@ timm's Hugging Face loader into the normal HF cache; ``load_pretrained`` then lo
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError, ConfigError, MissingFileError
 from .convert import convert_state_dict, load_pretrained, read_state_dict
 
 _DATA_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation", "hf_hub_id", "tag")
@@ -44,7 +46,7 @@ def resolve_pretrained_cfg(name: str, tag: str | None = None) -> dict[str, Any]:
     import timm.models
 
     if not timm.models.is_model(name):
-        raise ValueError(
+        raise ConfigError(
             f"{name}: no published weights (timm has no model of this name); "
             "pass checkpoint_path= to start from a file"
         )
@@ -55,20 +57,27 @@ def resolve_pretrained_cfg(name: str, tag: str | None = None) -> dict[str, Any]:
         cfg = None
     if cfg is None:
         tags = [t.partition(".")[2] for t in timm.models.list_pretrained(f"{name}.*")]
-        raise ValueError(f"{name}: unknown pretrained tag {tag!r}; timm has {', '.join(tags)}")
+        raise ConfigError(f"{name}: unknown pretrained tag {tag!r}; timm has {', '.join(tags)}")
     return cfg.to_dict()
 
 
 def _download(name: str, cfg: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """The state dict from the HF cache, downloading it there first when online."""
     from huggingface_hub import constants
-    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from safetensors import SafetensorError
     from timm.models._builder import _resolve_pretrained_source
     from timm.models._hub import load_state_dict_from_hf
 
     source, where = _resolve_pretrained_source(dict(cfg))
     if source != "hf-hub":
-        raise ValueError(
+        raise ConfigError(
             f"{name}: the {cfg.get('tag')!r} weights are not on the Hugging Face hub; "
             "pass checkpoint_path= to start from a file"
         )
@@ -77,11 +86,22 @@ def _download(name: str, cfg: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         if isinstance(where, str):
             return load_state_dict_from_hf(where, weights_only=True)
         return load_state_dict_from_hf(*where)
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        raise RuntimeError(
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):  # before EntryNotFoundError: a kind
+        raise MissingFileError(
             f"{name}: pretrained weights hf-hub:{repo} are not in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}) and the hub cannot be reached; download them once "
             "online, or pass checkpoint_path= to load a local file"
+        ) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError):
+        raise MissingFileError(
+            f"{name}: the hub has no weights file at hf-hub:{repo}; "
+            "pass checkpoint_path= to load a local file"
+        ) from None
+    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(
+            f"{name}: cached weights hf-hub:{repo} in {constants.HF_HUB_CACHE} are unreadable "
+            f"({why}); delete them to download again, or pass checkpoint_path="
         ) from None
 
 

@@ -29,7 +29,7 @@ _REGISTRY: dict[str, ModelEntry] = {}
 def register_model(name: str, cls: type[nn.Module], cfg: Any) -> None:
     """Register ``name`` as ``cls(cfg)``; a duplicate name is a programming error."""
     if name in _REGISTRY:
-        raise ValueError(f"model {name!r} is already registered")
+        raise ConfigError(f"model {name!r} is already registered")
     _REGISTRY[name] = ModelEntry(name, cls, cfg)
 
 

@@ -15,7 +15,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from vision_tfm.errors import DataError
+from vision_tfm.errors import ConfigError, DataError, MissingFileError
 from vision_tfm.grasp.rect import corners_to_params, params_to_corners
 
 
@@ -184,7 +184,7 @@ def _existing(path: Path) -> Path | None:
 
 def _required(path: Path, what: str) -> Path:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing {what}")
+        raise MissingFileError(f"{path}: missing {what}")
     return path
 
 
@@ -195,12 +195,12 @@ def find_cornell_views(root: str | Path) -> tuple[list[GraspView], int]:
         ``(views sorted by id, rectangles skipped for NaN values)``.
 
     Raises:
-        FileNotFoundError: No view under ``root``, or a view without its ``cpos.txt``.
+        MissingFileError: No view under ``root``, or a view without its ``cpos.txt``.
     """
     root = Path(root)
     images = sorted([*root.glob("pcd*r.png"), *root.glob("*/pcd*r.png")], key=lambda p: p.name)
     if not images:
-        raise FileNotFoundError(f"{root}: no Cornell views (pcdXXXXr.png) here or one level down")
+        raise MissingFileError(f"{root}: no Cornell views (pcdXXXXr.png) here or one level down")
     views, skipped = [], 0
     for rgb in images:
         view_id = rgb.name[: -len("r.png")]
@@ -215,12 +215,12 @@ def find_jacquard_views(root: str | Path) -> list[GraspView]:
     """Find ``<object>/<view>_<object>_RGB.png`` views anywhere under ``root``, sorted by object.
 
     Raises:
-        FileNotFoundError: No view under ``root``, or a view without its ``_grasps.txt``.
+        MissingFileError: No view under ``root``, or a view without its ``_grasps.txt``.
     """
     root = Path(root)
     images = sorted(root.rglob("*_RGB.png"))
     if not images:
-        raise FileNotFoundError(f"{root}: no Jacquard views (*_RGB.png) found")
+        raise MissingFileError(f"{root}: no Jacquard views (*_RGB.png) found")
     views = []
     for rgb in images:
         stem = rgb.name[: -len("_RGB.png")]
@@ -256,7 +256,7 @@ def _ordered(
         idx = np.argsort(ids, kind="stable")
         group = [groups[i] for i in idx] if groups is not None else None
         return [ids[i] for i in idx], group, "object-wise (consecutive ids)"
-    raise ValueError(f"split must be 'image' or 'object', got {split!r}")
+    raise ConfigError(f"split must be 'image' or 'object', got {split!r}")
 
 
 def _object_boundary(cut: int, group: list[str] | None, end: int) -> int:
@@ -285,9 +285,9 @@ def split_ids(
     """
     ids = list(ids)
     if len(ids) < 2:
-        raise ValueError(f"need at least 2 views to split, got {len(ids)}")
+        raise DataError(f"need at least 2 views to split, got {len(ids)}")
     if not 0 < train_frac < 1:
-        raise ValueError(f"train_frac must be in (0, 1), got {train_frac}")
+        raise ConfigError(f"train_frac must be in (0, 1), got {train_frac}")
     order, group, how = _ordered(ids, split, seed, groups)
     n_train = min(max(round(train_frac * len(ids)), 1), len(ids) - 1)
     n_train = _object_boundary(n_train, group, len(ids) - 1)
@@ -312,7 +312,7 @@ def kfold_splits(
     """
     ids = list(ids)
     if folds < 2 or folds > len(ids):
-        raise ValueError(f"folds must be in [2, {len(ids)}] for {len(ids)} views, got {folds}")
+        raise ConfigError(f"folds must be in [2, {len(ids)}] for {len(ids)} views, got {folds}")
     order, group, how = _ordered(ids, split, seed, groups)
     cuts = [0]
     for i in range(1, folds):
@@ -320,7 +320,7 @@ def kfold_splits(
         cuts.append(_object_boundary(cut, group, len(ids)))
     cuts.append(len(ids))
     if any(b <= a for a, b in pairwise(cuts)):
-        raise ValueError(f"{len(set(group or ids))} objects cannot fill {folds} object-wise folds")
+        raise ConfigError(f"{len(set(group or ids))} objects cannot fill {folds} object-wise folds")
     out = []
     for k in range(folds):
         val = sorted(order[cuts[k] : cuts[k + 1]])
@@ -338,7 +338,7 @@ def fewer_train_views(split: Split, n: int, seed: int = 0) -> Split:
     swapped, and a step in the figure is the views added, not a new draw.
     """
     if not 1 <= n <= len(split.train):
-        raise ValueError(
+        raise ConfigError(
             f"train_views must be in [1, {len(split.train)}] (the split's training views), got {n}"
         )
     if n == len(split.train):

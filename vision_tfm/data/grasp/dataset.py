@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vision_tfm.data.datasets import open_image
+from vision_tfm.errors import ConfigError, InputIndexError, MissingFileError, UnknownKeyError
 from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, encode_grasp_maps
 
 from .annotations import (
@@ -91,11 +92,11 @@ class GraspDataset(Dataset):
                 depth hole filling are most of an item's cost.
 
         Raises:
-            FileNotFoundError: ``input`` needs depth and a view has no depth file.
+            MissingFileError: ``input`` needs depth and a view has no depth file.
         """
         for v in views:  # fail before a run starts, not at the first batch
             if input != "rgb" and v.depth_path is None:
-                raise FileNotFoundError(f"{_depth_name(v)}: missing depth for input={input!r}")
+                raise MissingFileError(f"{_depth_name(v)}: missing depth for input={input!r}")
             if crop_size:  # the header's size only
                 path = v.rgb_path if input != "depth" else v.depth_path
                 with open_image(path) as im:
@@ -135,7 +136,7 @@ class GraspDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
         if not -len(self) <= index < len(self):
-            raise IndexError(f"view index {index} out of range for {len(self)} items")
+            raise InputIndexError(f"view index {index} out of range for {len(self)} items")
         i = index % len(self.views)
         if self.cache is not None and i in self.cache:
             rgb, depth, rects = self.cache[i]
@@ -181,7 +182,7 @@ def _select(views: list[GraspView], ids: Sequence[str] | None) -> list[GraspView
     by_id = {v.view_id: v for v in views}
     missing = [i for i in ids if i not in by_id]
     if missing:
-        raise KeyError(f"unknown view ids: {missing[:5]}")
+        raise UnknownKeyError(f"unknown view ids: {missing[:5]}")
     return [by_id[i] for i in ids]
 
 
@@ -277,7 +278,7 @@ def build_grasp_datasets(
     """
     classes = {"cornell": CornellGrasp, "jacquard": JacquardGrasp}
     if name not in classes:
-        raise ValueError(f"unknown grasp dataset {name!r}; expected one of {sorted(classes)}")
+        raise ConfigError(f"unknown grasp dataset {name!r}; expected one of {sorted(classes)}")
     cls = classes[name]
     full = cls(root, **kwargs, crop="centre")
     groups = [v.object_id for v in full.views]

@@ -17,6 +17,7 @@ import torch
 
 from vision_tfm.constants import IMAGENET_MEAN, IMAGENET_STD
 from vision_tfm.data.datasets import load_image, open_image
+from vision_tfm.errors import MissingFileError
 
 from .annotations import GraspDataError
 
@@ -44,7 +45,7 @@ def load_depth(path: str | Path) -> np.ndarray:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"depth file not found: {path}")
+        raise MissingFileError(f"depth file not found: {path}")
     with open_image(path) as im:
         depth = np.asarray(im, dtype=np.float32)
     if depth.ndim != 2:
