@@ -84,15 +84,16 @@ def tiny_model():
 
 @pytest.fixture
 def fake_cpu(monkeypatch):
-    """``fake_cpu(capability, native_bf16, amx=native_bf16)``: the attention dispatch and the
-    emulated-bf16 warning see that CPU (e.g. ``"AVX2", False``) instead of this one."""
-    from vision_tfm.layers import attention_dispatch
+    """``fake_cpu(capability, native_bf16, amx=native_bf16)``: the attention plan and the
+    emulated-bf16 warning see that CPU (e.g. ``"AVX2", False``) instead of this one. It
+    replaces the facts' cached readers, so every importer of the public facts sees them."""
+    from vision_tfm.accel import cpu
 
     def fake(capability: str, native_bf16: bool, amx: bool | None = None) -> None:
         amx = native_bf16 if amx is None else amx
-        monkeypatch.setattr(attention_dispatch, "cpu_capability", lambda: capability)
-        monkeypatch.setattr(attention_dispatch, "cpu_native_bf16", lambda: native_bf16)
-        monkeypatch.setattr(attention_dispatch, "cpu_amx", lambda: amx)
+        monkeypatch.setattr(cpu, "_cpu_capability", lambda: capability)
+        monkeypatch.setattr(cpu, "_cpu_native_bf16", lambda: native_bf16)
+        monkeypatch.setattr(cpu, "_cpu_amx", lambda: amx)
 
     return fake
 

@@ -10,8 +10,8 @@ from torch._dynamo.utils import counters
 
 import vision_tfm as vt
 from vision_tfm import optimize
+from vision_tfm.accel import OneDnnLinear
 from vision_tfm.layers import LayerScale
-from vision_tfm.layers.linear import OneDnnLinear
 from vision_tfm.models import swin
 from vision_tfm.models.swin import SwinBlock
 

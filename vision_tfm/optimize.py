@@ -5,11 +5,11 @@
 - LayerScale folded into the projection before it;
 - Swin's relative position bias gathered once per block, and the shifted-window mask
   added to it once per input size (cached);
-- attention on the fused SDPA path (the explicit one where it measured faster, see
-  ``layers/attention_dispatch.py``);
-- fp32 Linear layers on oneDNN where it measured faster than the BLAS on this CPU (AMD
-  CPUs with AVX-512, see ``layers/linear.py``), and bf16 ones where bf16 is native; in eager
-  inference the MLP's GELU then runs inside its first GEMM;
+- attention on the path :mod:`vision_tfm.accel` plans per call for this device (fused SDPA
+  unless the explicit one measured faster, see ``accel/cpu.py``);
+- fp32 Linear layers on oneDNN where it measured faster than the BLAS on this CPU (see
+  ``accel/linear.py``), and bf16 ones where bf16 is native; in eager inference the MLP's
+  GELU then runs inside its first GEMM;
 - optionally the weights cast once to ``dtype`` (bf16 inference without per-call casts);
 - optionally ``torch.compile`` with freezing (weights become constants Inductor folds and
   pre-packs; :class:`FrozenCompiled`); off by default, since compiling each input shape
@@ -24,9 +24,16 @@ import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from .accel import (
+    cpu_native_bf16,
+    fuse_mlp_gelu,
+    onednn_linear_pays,
+    use_onednn_linears,
+    use_planned_attention,
+    warn_if_bf16_emulated,
+)
+from .errors import ConfigError, InputTypeError
 from .layers import Block, LayerScale, set_fused_attn
-from .layers.attention_dispatch import cpu_native_bf16, warn_if_bf16_emulated
-from .layers.linear import fuse_mlp_gelu, onednn_linear_pays, use_onednn_linears
 
 __all__ = ["FrozenCompiled", "optimize_for_inference"]
 
@@ -49,7 +56,7 @@ def _weight_dtype(dtype: torch.dtype | str) -> torch.dtype:
         return DTYPES[dtype.lower()]
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
-    raise ValueError(
+    raise ConfigError(
         f"optimize_for_inference: dtype must be a floating torch.dtype or one of "
         f"{', '.join(DTYPES)}; got {dtype!r}"
     )
@@ -129,7 +136,7 @@ def optimize_for_inference(
     which is faster and costs a second copy of those weights; ``False`` keeps one copy.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(
+        raise InputTypeError(
             f"optimize_for_inference: model must be a torch.nn.Module, got {type(model).__name__}"
             " (build one with vision_tfm.create_model)"
         )
@@ -141,6 +148,7 @@ def optimize_for_inference(
     _fold_conv_bn(model)
     _fold_layer_scale(model)
     set_fused_attn(model, True)
+    use_planned_attention(model)
     for m in model.modules():
         if hasattr(m, "freeze_bias"):
             m.freeze_bias()

@@ -17,11 +17,11 @@ import pytest
 import torch
 from conftest import assert_names
 
+from vision_tfm.accel import cpu_native_bf16
 from vision_tfm.cli import main
 from vision_tfm.config import apply_overrides, config_to_dict
 from vision_tfm.data.config import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from vision_tfm.export.quantize import SMOOTH_ALPHAS
-from vision_tfm.layers.attention_dispatch import cpu_native_bf16
 from vision_tfm.train import ClsConfig, atomic_save, build_cls_model
 from vision_tfm.train.grasp import GraspConfig, build_grasp_model
 

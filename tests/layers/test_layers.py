@@ -27,7 +27,6 @@ from vision_tfm.layers import (
     run_blocks,
     sincos_2d,
 )
-from vision_tfm.layers.attention_dispatch import scaled_scores
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -48,26 +47,30 @@ def test_fused_and_explicit_attention_agree_with_bias_and_mask(qk_norm):
     assert (weights.masked_select(~mask.expand_as(weights)) == 0).all()
 
 
-def test_scores_scale_inside_the_gemm_match_the_plain_product_and_its_gradients():
+def test_plain_core_branches_agree_on_windows_with_bias_mask_and_an_empty_row(monkeypatch):
+    """fp32: SDPA and the explicit path of the plain core give one output on Swin-like windows
+    with a per-window bias and mask, where one query may attend to nothing (zeros on both
+    paths, so the layer returns the projection's bias there)."""
+    from vision_tfm.layers import attention
+
     torch.manual_seed(0)
-    q = torch.randn(2, 3, 4, 7, 8, requires_grad=True)  # Swin-like extra leading dim
-    k = torch.randn(2, 3, 4, 9, 8, requires_grad=True)
-    got = scaled_scores(q, k, 0.3)
-    want = (q * 0.3) @ k.transpose(-2, -1)
-    assert got.shape == (2, 3, 4, 7, 9) and torch.isfinite(got).all()
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    g = torch.randn_like(want)
-    grads = torch.autograd.grad(got, (q, k), g)
-    for a, b in zip(grads, torch.autograd.grad(want, (q, k), g)):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
-    view = torch.randn(2, 9, 3, 4, 8).permute(2, 0, 3, 1, 4)  # q, k as strided views of qkv
-    torch.testing.assert_close(
-        scaled_scores(view[0], view[1], 0.5), (view[0] * 0.5) @ view[1].transpose(-2, -1)
-    )
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 q under bf16 autocast
-        got, want = scaled_scores(view[0], view[1], 0.5), (view[0] * 0.5) @ view[1].mT
-    assert got.dtype == want.dtype == torch.bfloat16
-    torch.testing.assert_close(got, want)
+    attn = Attention(32, 4)
+    x = torch.randn(2, 3, 10, 32, requires_grad=True)  # (B, windows, N, C)
+    bias = torch.randn(3, 4, 10, 10)  # (windows, heads, N, N)
+    mask = torch.rand(3, 1, 10, 10) > 0.3
+    mask |= torch.eye(10, dtype=torch.bool)
+    mask[1, :, 0] = False  # window 1: query 0 sees no key
+    sdpa_calls = []
+    sdpa = attention.sdpa_attention
+    monkeypatch.setattr(attention, "sdpa_attention", lambda *a: sdpa_calls.append(1) or sdpa(*a))
+    results = []
+    for fused in (True, False):
+        attn.fused = fused
+        results.append(attn(x, bias=bias, mask=mask))
+    assert len(sdpa_calls) == 1  # the fused branch only
+    out, want = results
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[:, 1, 0], attn.proj.bias.expand(2, -1))
 
 
 def test_a_query_with_no_allowed_key_gets_zeros_on_both_paths():

@@ -37,8 +37,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from ..layers import attention_dispatch
-from ..layers.attention_dispatch import warn_if_bf16_emulated
+from ..accel import cpu_native_bf16, warn_if_bf16_emulated
 from ..models import get_model_entry
 from ..optimize import optimize_for_inference
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
@@ -346,7 +345,7 @@ def benchmark_checkpoint(
         dtypes = {"fp32": torch.float32}
         bf16_note = None
         # no bf16 ceiling where bf16 is emulated: a square bf16 matmul would take minutes
-        if any(f.endswith("-bf16") for f in opts.formats) and attention_dispatch.cpu_native_bf16():
+        if any(f.endswith("-bf16") for f in opts.formats) and cpu_native_bf16():
             dtypes["bf16"] = torch.bfloat16
         if "torch-bf16" in opts.formats:
             bf16_note = warn_if_bf16_emulated("the torch row is the one to use")

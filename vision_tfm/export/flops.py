@@ -7,8 +7,6 @@ attention kernels, so the CPU SDPA op is given their formula (q @ k^T plus attn 
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+from ..accel import cpu_description as cpu_description  # the CPU line of speed tables
 
 
 def _cpu_sdpa_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
@@ -33,30 +33,6 @@ def count_flops(model: nn.Module, x: torch.Tensor) -> float:
     with counter, torch.inference_mode():
         model(x)
     return counter.get_total_flops() / x.shape[0]
-
-
-# the ISA extensions that decide fp32 / bf16 / int8 kernel speed, in the order they appeared
-_MATRIX_ISA = ("avx2", "avx512f", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-
-
-def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
-    """CPU model and its matrix ISA extensions, logged with every speed table: ratios
-    between formats move with the CPU (see the README's export section)."""
-    name, flags = "", set()
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not name:
-                    name = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass  # not Linux: platform's answer is all there is
-    name = name or platform.processor() or "unknown CPU model"  # callers add the machine
-    isa = [f for f in _MATRIX_ISA if f in flags]
-    return f"{name} [{' '.join(isa)}]" if isa else name
 
 
 @contextmanager

@@ -11,12 +11,14 @@ from .attention import (
     FEATURE_MAPS,
     Attention,
     FeatureMap,
+    explicit_attention,
     fast_weight_attention,
     fused_attn,
     linear_attention,
+    merge_bias_and_mask,
+    sdpa_attention,
     set_fused_attn,
 )
-from .attention_dispatch import merge_bias_and_mask
 from .block import (
     NORM_PLACEMENTS,
     Block,
@@ -69,6 +71,7 @@ __all__ = [
     "check_image",
     "checkpointed",
     "drop_path",
+    "explicit_attention",
     "fast_weight_attention",
     "fused_attn",
     "get_mlp_layer",
@@ -81,6 +84,7 @@ __all__ = [
     "resample_abs_pos_embed",
     "rope_2d",
     "run_blocks",
+    "sdpa_attention",
     "set_fused_attn",
     "sincos_2d",
     "symbolic",

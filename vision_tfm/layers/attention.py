@@ -1,11 +1,12 @@
 """Multi-head self-attention shared by ViT, Swin and the grasp hybrid.
 
-One fused ``qkv`` projection feeds either ``F.scaled_dot_product_attention`` (default: the
-fastest kernel PyTorch has for the device) or an explicit softmax path. The explicit path is
-there to return attention weights (rollout maps), to export where the fused op does not, and
-for the cases where it is measured faster; both take the same additive bias and boolean
-mask, so they are interchangeable. :mod:`.attention_dispatch` picks one per call, by what
-the device can do.
+One fused ``qkv`` projection feeds ``softmax(q kᵀ · scale + bias) v``, computed one of two
+ways: ``F.scaled_dot_product_attention`` (SDPA, the default) or the explicit path, two
+matmuls around a softmax, which also returns the weights (rollout maps, ``return_attn``,
+``store_attn``) and exports where the fused op does not. Both take the same additive bias and
+boolean mask, so they are interchangeable; ``Attention.fused`` (:func:`set_fused_attn`,
+:func:`fused_attn`) picks one. Kernel choices for a device (which path runs faster where)
+are not made here: :mod:`vision_tfm.accel` swaps in an ``Attention`` that makes them.
 
 ``attn_type="linear"`` swaps the softmax for a feature map φ (Katharopoulos et al. 2020,
 *Transformers are RNNs*; Choromanski et al. 2020, *Performers*): ``y_i = Σ_j φ(q_i)·φ(k_j) v_j /
@@ -28,16 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InputError
-from .attention_dispatch import (
-    LOW_PRECISION,
-    softmax_attention,
-)
+from ..errors import ConfigError, InputError
 from .norm import LayerNorm
 from .pos_embed import Rope, apply_rope
 
 ATTN_TYPES = ("softmax", "linear")
 FEATURE_MAPS = ("elu1", "relu", "favor")
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def orthogonal_gaussian(
@@ -87,7 +85,7 @@ class FeatureMap(nn.Module):
     ) -> None:
         super().__init__()
         if kind not in FEATURE_MAPS:
-            raise ValueError(f"feature map must be one of {FEATURE_MAPS}, got {kind!r}")
+            raise ConfigError(f"feature map must be one of {FEATURE_MAPS}, got {kind!r}")
         self.kind = kind
         self.head_dim = head_dim
         self.orthogonal = orthogonal
@@ -216,6 +214,81 @@ def fast_weight_attention(
     return torch.stack(out, dim=-2)  # (..., N, d)
 
 
+def merge_bias_and_mask(
+    bias: torch.Tensor | None, mask: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """Fold a boolean keep-mask into one additive float bias (``-inf`` where masked)."""
+    if mask is None:
+        return None if bias is None else bias.to(dtype)
+    if mask.dtype != torch.bool:
+        raise InputError(f"attention mask must be bool (True = attend), got {mask.dtype}")
+    neg = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
+    return neg if bias is None else bias.to(dtype) + neg
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """SDPA on ``(..., h, N, d)``, leading dims folded into one batch dim.
+
+    SDPA's fused kernels take ``(B, h, N, d)`` only; with more leading dims (Swin windows) it
+    falls back to its slow math path. The bias (and mask, merged into it) is expanded to the
+    folded shape.
+    """
+    bias = merge_bias_and_mask(bias, mask, q.dtype)
+    lead = q.shape[:-3]
+    if len(lead) > 1:
+        if bias is not None:
+            full = (*q.shape[:-1], k.shape[-2])  # (..., h, N, N)
+            bias = bias.expand(full).reshape(-1, *full[-3:])
+        q, k, v = q.flatten(0, -4), k.flatten(0, -4), v.flatten(0, -4)  # (B', h, N, d)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    return out.unflatten(0, lead) if len(lead) > 1 else out  # (..., h, N, d)
+
+
+def softmax_in_fp32(q: torch.Tensor, has_bias: bool) -> bool:
+    """Whether the explicit path adds the bias and takes the softmax in fp32: in bf16 / fp16
+    inference with a bias, so that the weights come back unrounded and a bias plus mask (Swin's
+    shifted windows) stays exact. Not under autograd, where an fp32 backward costs more."""
+    return has_bias and q.dtype in LOW_PRECISION and not q.requires_grad
+
+
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+    upcast: bool = False,
+    logits: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``softmax(q kᵀ · scale + bias) v`` written out on ``(..., h, N, d)`` heads, and the
+    weights (undropped). ``mask`` (bool, True = attend) is merged into the bias; a query with
+    no allowed key gets zeros, as in SDPA, not NaN. ``upcast``: add the bias and take the
+    softmax in fp32 (:func:`softmax_in_fp32`). ``logits``: ``q kᵀ · scale`` where the caller
+    computed it with a kernel of its own."""
+    attn_bias = merge_bias_and_mask(bias, mask, torch.float32 if upcast else q.dtype)
+    if logits is None:
+        logits = (q * scale) @ k.transpose(-2, -1)  # (..., h, N, M)
+    if attn_bias is not None:
+        logits = logits + attn_bias  # promotes to fp32 when upcast
+    attn = logits.softmax(dim=-1).to(v.dtype)
+    if mask is not None:
+        attn = attn.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    dropped = F.dropout(attn, dropout_p) if dropout_p else attn
+    return dropped @ v, attn  # (..., h, N, d)
+
+
 class Attention(nn.Module):
     """Multi-head attention over the second-to-last dim of ``(..., N, C)`` tokens.
 
@@ -256,9 +329,9 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f"attention dim {dim} is not divisible by num_heads {num_heads}")
+            raise ConfigError(f"attention dim {dim} is not divisible by num_heads {num_heads}")
         if attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
+            raise ConfigError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -303,12 +376,34 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out, attn = mix_heads(self, q, k, v, bias, mask, return_attn or self.store_attn)
+        out, attn = attention_core(self, q, k, v, bias, mask, return_attn or self.store_attn)
         if self.store_attn and attn is not None:
             self.last_attn = attn.detach()
         out = out.transpose(-3, -2).flatten(-2)  # (..., N, C)
         out = self.proj_drop(self.proj(out))
         return (out, attn) if return_attn else out
+
+    def core(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention on ``(..., h, N, d)`` heads, and its weights where it formed them.
+
+        Softmax attention runs SDPA, or the explicit path when the weights are wanted or
+        ``fused`` is off; linear attention runs :meth:`_linear`.
+        """
+        if self.feature_map is not None:
+            return self._linear(q, k, v, bias, mask, need_weights)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        if self.fused and not need_weights:
+            return sdpa_attention(q, k, v, bias, mask, self.scale, dropout_p), None
+        upcast = softmax_in_fp32(q, bias is not None)
+        return explicit_attention(q, k, v, bias, mask, self.scale, dropout_p, upcast)
 
     def _linear(
         self,
@@ -355,30 +450,23 @@ class Attention(nn.Module):
         return f"heads={self.num_heads}, head_dim={self.head_dim}, fused={self.fused}"
 
 
-def mix_heads(
+def attention_core(
     attn: Attention,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     bias: torch.Tensor | None,
     mask: torch.Tensor | None,
-    want_attn: bool,
+    need_weights: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``attn``'s linear or softmax attention on ``(..., h, N, d)`` heads, and its weights
-    (``want_attn``, or where the explicit path forms them anyway).
-
-    An fx leaf function (``torch.fx.wrap``): the path it picks reads the dtype, device, rank
-    and autograd state of ``q``, which ``torch.fx.symbolic_trace`` does not know, so a traced
-    graph calls it and it picks the eager path at run time.
-    """
-    if attn.feature_map is not None:
-        return attn._linear(q, k, v, bias, mask, want_attn)
-    drop = attn.attn_drop.p if attn.training else 0.0
-    need_weights = want_attn or not attn.fused  # SDPA or explicit: the dispatch picks
-    return softmax_attention(q, k, v, bias, mask, attn.scale, drop, need_weights)
+    """``attn.core(...)``, as an fx leaf function (``torch.fx.wrap``): the core reads the
+    rank of ``q`` (leading dims to fold) and the subclass ``vision_tfm.accel`` swaps in reads
+    its dtype, device and autograd state, which ``torch.fx.symbolic_trace`` does not know; a
+    traced graph calls it, and it picks its path at run time."""
+    return attn.core(q, k, v, bias, mask, need_weights)
 
 
-torch.fx.wrap("mix_heads")
+torch.fx.wrap("attention_core")
 
 
 def set_fused_attn(module: nn.Module, enabled: bool) -> nn.Module:

@@ -45,10 +45,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 from .. import __version__
+from ..accel import cpu_native_bf16, prepare_for_training, warn_if_bf16_emulated
 from ..config import config_to_dict
 from ..errors import CheckpointError, VisionTfmError
-from ..layers import attention_dispatch
-from ..layers.attention_dispatch import warn_if_bf16_emulated
 from ..models.convert import check_finite
 from .checkpoint import atomic_save, check_fits, load_checkpoint
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, save_config
@@ -304,7 +303,7 @@ class Trainer:
             return p
         if self.device.type == "cuda":
             return "amp"
-        return "bf16" if attention_dispatch.cpu_native_bf16() else "fp32"
+        return "bf16" if cpu_native_bf16() else "fp32"
 
     def _autocast(self):
         p = self.precision()
@@ -336,6 +335,7 @@ class Trainer:
         if self.ckpt is not None:
             self._check_compatible(model)
         self.model = model.to(self.device)
+        self.model = prepare_for_training(self.model)
         self.ema = None
         if cfg.ema.enabled:
             self.ema = ModelEmaV3(self.model, decay=cfg.ema.decay, use_warmup=cfg.ema.warmup)

@@ -2,14 +2,13 @@
 
 torch's fp32 ``addmm`` on x86 calls MKL. On AMD CPUs MKL runs its AVX2 kernels even where
 the CPU has AVX-512, while oneDNN, also in every x86 torch build, picks its kernels by the
-CPU's flags (the figures: the README's speed section, the AMD EPYC Zen 5 and Zen 4 tables,
-measured with ``benchmarks/bench_vs_timm.py``).
-Whether it pays is measured, not inferred from a vendor string: :func:`onednn_linear_speedup`
-times both libraries on one ViT-S-sized GEMM, once per process, and
-``optimize_for_inference`` swaps Linear layers where oneDNN ran faster. On an Intel CPU,
+CPU's flags. Whether it pays is measured, not inferred from a vendor string:
+:func:`onednn_linear_speedup` times both libraries on one ViT-S-sized GEMM, once per process,
+and ``optimize_for_inference`` swaps Linear layers where oneDNN ran faster. On an Intel CPU,
 where MKL runs AVX-512, the two tie and either pick costs nothing. A whole model gains about
-what the probe reads, on AMD CPUs with full-width AVX-512 units and with 256-bit ones alike
-(README, speed section, one table per CPU kind).
+what the probe reads, on AMD CPUs with full-width AVX-512 units and with 256-bit ones alike;
+``benchmarks/bench_vs_timm.py`` re-measures it (its footer prints the probe and the pick),
+and the README's speed section has the figures, one table per CPU kind.
 
 bf16 Linear layers already run oneDNN's GEMM through ``addmm`` where bf16 is native, but
 ``addmm`` first writes the broadcast bias over the whole output; oneDNN's own Linear op adds
@@ -28,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_dispatch import cpu_native_bf16
-from .mlp import Mlp
+from ..layers.mlp import Mlp
+from .cpu import cpu_native_bf16
 
 PROBE_ROUNDS = 9
 

@@ -12,8 +12,8 @@ from torch import nn
 
 import vision_tfm as vt
 from vision_tfm import optimize
-from vision_tfm.layers import linear
-from vision_tfm.layers.linear import OneDnnLinear, onednn_linear_speedup, use_onednn_linears
+from vision_tfm.accel import cpu_native_bf16, linear
+from vision_tfm.accel.linear import OneDnnLinear, onednn_linear_speedup, use_onednn_linears
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -124,7 +124,7 @@ def test_bf16_inference_swaps_linears_and_fuses_gelu_only_where_bf16_is_native(m
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_weight_is_reused_and_follows_every_change_to_the_weight(dtype):
-    if dtype == torch.bfloat16 and not vt.layers.attention_dispatch.cpu_native_bf16():
+    if dtype == torch.bfloat16 and not cpu_native_bf16():
         pytest.skip("bf16 runs F.linear where it is emulated: nothing is packed")
     torch.manual_seed(0)
     lin = nn.Linear(24, 40).to(dtype).requires_grad_(False)

@@ -1,15 +1,24 @@
-"""Every branch of the attention dispatch computes attention: numerics against a float64
-reference, with the CPU's capability faked. Which path is fastest is benchmarks' business
-(benchmarks/attention_dispatch.py), not these tests'."""
+"""Every branch of the attention plan computes attention: numerics against a float64
+reference, with the CPU's capability faked, on layers given the planned core. Which path is
+fastest is benchmarks' business (benchmarks/attention_dispatch.py), not these tests'."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vision_tfm.accel import cpu as dispatch
+from vision_tfm.accel import use_planned_attention
+from vision_tfm.accel.cpu import AttentionPlan, attention_plan
 from vision_tfm.layers import Attention
-from vision_tfm.layers import attention_dispatch as dispatch
-from vision_tfm.layers.attention_dispatch import AttentionPlan, attention_plan
+
+
+def planned(dim: int, heads: int) -> Attention:
+    """An attention layer with the planned core, as training and inference give it."""
+    attn = Attention(dim, heads)
+    assert use_planned_attention(attn) == 1
+    return attn
+
 
 AVX512_AMX = ("AVX512", True, True)  # native bf16 with AMX tiles (Intel Xeon)
 AVX512_BF16 = ("AVX512", True, False)  # native bf16, dot-product units only (AMD Zen 4/5)
@@ -54,7 +63,7 @@ def test_each_dispatch_branch_matches_float64_attention(fake_cpu, branch):
     cpu, dtype, training, windows, plan = BRANCHES[branch]
     fake_cpu(*cpu)
     torch.manual_seed(0)
-    attn = Attention(32, 4)
+    attn = planned(32, 4)
     # Swin-like windows (B, nW, N, C) with a per-window bias, or ViT-like tokens (B, N, C)
     x = torch.randn(2, 3, 16, 32) if windows else torch.randn(2, 16, 32)
     bias = torch.randn(3, 4, 16, 16) if windows else None
@@ -78,7 +87,7 @@ def test_each_dispatch_branch_matches_float64_attention(fake_cpu, branch):
 
 def test_need_weights_takes_the_explicit_path_on_every_cpu(fake_cpu):
     torch.manual_seed(0)
-    attn = Attention(32, 4).eval()
+    attn = planned(32, 4).eval()
     x, bias = torch.randn(2, 3, 16, 32), torch.randn(3, 4, 16, 16)
     for cpu in (AVX512_AMX, AVX512_BF16, AVX2):
         fake_cpu(*cpu)
@@ -93,7 +102,7 @@ def test_need_weights_takes_the_explicit_path_on_every_cpu(fake_cpu):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_takes_sdpa_and_matches_float64():
     torch.manual_seed(0)
-    attn = Attention(32, 4).cuda()
+    attn = planned(32, 4).cuda()
     x = torch.randn(2, 3, 16, 32, device="cuda", requires_grad=True)
     bias = torch.randn(3, 4, 16, 16, device="cuda")
     q = attn.qkv(x).unflatten(-1, (12, 8)).transpose(-3, -2)
