@@ -1,11 +1,13 @@
-"""Every softmax-attention path at the layer level, and the one the dispatch picks.
+"""Every softmax-attention path at the layer level, and the one accel's plan picks.
 
     python benchmarks/attention_dispatch.py                      # ~5 min on 2 cores
     python benchmarks/attention_dispatch.py --cases swin --modes train --precisions bf16
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
         python benchmarks/attention_dispatch.py
 
-The evidence behind each rule of ``vision_tfm/layers/attention_dispatch.py``. Two cases, the
+It re-measures accel's attention rules: each rule of ``attention_plan``
+(``vision_tfm/accel/cpu.py``), which ``optimize_for_inference`` and the training engine apply
+by swapping their planned attention in (``vision_tfm/accel/attention.py``). Three cases, the
 attention core only (q, k, v in, heads out; no projections):
 
 - ``vit``: a ViT-S/16 layer, ``(B, 6, 197, 64)``, no bias;
@@ -17,14 +19,15 @@ attention core only (q, k, v in, heads out; no projections):
 
 q, k and v are strided views of one qkv tensor, as ``Attention`` makes them. ``infer`` runs
 under ``inference_mode``; ``train`` is forward plus backward of a sum. Paths: ``sdpa``
-(leading dims folded), ``explicit``, ``explicit+upcast`` (fp32 bias add and softmax; bf16
-with a bias only) and ``explicit+contig`` (contiguous q, k, v; train only). They run in
-alternating rounds of ~0.1 s (order reversed each round); the best round is reported, since
-other load only ever slows a round down; ``picked / best`` is the
-picked path's time over the fastest one's. With the three variables in the last command an
-AVX-512 machine runs ATen's AVX2 kernels, oneDNN's AVX2 code, bf16 included (emulated), and
-MKL's AVX2 fp32 GEMMs (without the MKL one, fp32 matmuls stay AVX-512), and the dispatch
-reads the CPU as AVX2 without native bf16: an approximation of an AVX2 CPU.
+(leading dims folded), ``explicit`` (accel's, scores scaled inside the GEMM),
+``explicit+upcast`` (fp32 bias add and softmax; bf16 with a bias only) and ``explicit+contig``
+(contiguous q, k, v; train only). They run in alternating rounds of ~0.1 s (order reversed
+each round); the best round is reported, since other load only ever slows a round down;
+``picked / best`` is the picked path's time over the fastest one's. With the three variables
+in the last command an AVX-512 machine runs ATen's AVX2 kernels, oneDNN's AVX2 code, bf16
+included (emulated), and MKL's AVX2 fp32 GEMMs (without the MKL one, fp32 matmuls stay
+AVX-512), and the plan reads the CPU as AVX2 without native bf16: an approximation of an AVX2
+CPU.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ from collections.abc import Callable
 
 import torch
 
-from vision_tfm.export.flops import cpu_description
-from vision_tfm.layers.attention_dispatch import (
+from vision_tfm.accel import (
     attention_plan,
+    cpu_description,
     dispatch_facts,
-    explicit_attention,
-    sdpa_attention,
+    planned_explicit_attention,
 )
+from vision_tfm.layers import sdpa_attention
 
 CASES = {
     "vit": ((6, 197, 64), None),
@@ -65,14 +68,14 @@ def paths(has_bias: bool, low: bool, train: bool) -> dict[str, Callable]:
     scale = 0.125
     out = {
         "sdpa": lambda q, k, v, b: sdpa_attention(q, k, v, b, None, scale),
-        "explicit": lambda q, k, v, b: explicit_attention(q, k, v, b, None, scale)[0],
+        "explicit": lambda q, k, v, b: planned_explicit_attention(q, k, v, b, None, scale)[0],
     }
     if has_bias and low and not train:
-        out["explicit+upcast"] = lambda q, k, v, b: explicit_attention(
+        out["explicit+upcast"] = lambda q, k, v, b: planned_explicit_attention(
             q, k, v, b, None, scale, upcast=True
         )[0]
     if train:
-        out["explicit+contig"] = lambda q, k, v, b: explicit_attention(
+        out["explicit+contig"] = lambda q, k, v, b: planned_explicit_attention(
             q, k, v, b, None, scale, contiguous=True
         )[0]
     return out

@@ -13,8 +13,9 @@ Two scopes, each at every token count N of ``--sizes`` / ``--vit-sizes``:
 - ``vit``: a whole ViT-S/16 forward at the image size that gives N patch tokens
   (``16 * sqrt(N)`` pixels a side; 196 tokens = 224², 16384 = 2048²).
 
-Kernels: ``softmax`` is the layer's SDPA path (forced in bf16 too, where the layer would pick
-its explicit path, which forms the whole N x N matrix), ``elu1``/``relu``/``favor`` the linear
+Kernels: ``softmax`` is the layer's SDPA path (the plain layer's in every precision: accel's
+plan, not applied here, would pick the explicit path for bf16 on some CPUs, which forms the
+whole N x N matrix), ``elu1``/``relu``/``favor`` the linear
 feature maps (favor with the default ``d ln d`` = 266 features per head). For every
 (scope, N, precision) the kernels run in alternating rounds (one call each, order reversed
 every round) after one warm-up call, and the median is reported, so a noisy spell hits all of
@@ -39,8 +40,6 @@ import torch
 import vision_tfm as vt
 from vision_tfm.export.flops import cpu_description
 from vision_tfm.layers import Attention
-from vision_tfm.layers import attention_dispatch as dispatch
-from vision_tfm.layers.attention_dispatch import AttentionPlan
 
 KERNELS = ("softmax", "elu1", "relu", "favor")
 PRECISIONS = ("fp32", "bf16")
@@ -54,12 +53,6 @@ def parse_ints(spec: str) -> list[int]:
 
 def attn_kwargs(kernel: str) -> dict:
     return {} if kernel == "softmax" else {"attn_type": "linear", "feature_map": kernel}
-
-
-def force_sdpa() -> None:
-    """Softmax layers take SDPA in every precision (bf16 on a CPU with native bf16 would pick
-    the N x N path)."""
-    dispatch.attention_plan = lambda q, has_bias, need_weights: AttentionPlan(not need_weights)
 
 
 def build(scope: str, kernel: str, n: int) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -145,7 +138,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--growth-from", type=int, default=3136, help="first N of the growth figure")
     args = p.parse_args()
-    force_sdpa()
     kernels, precs = args.kernels.split(","), args.precisions.split(",")
     bad = [k for k in kernels if k not in KERNELS] + [q for q in precs if q not in PRECISIONS]
     if bad or "softmax" not in kernels or len(kernels) < 2 or args.rounds < 1:

@@ -19,7 +19,8 @@ a busy machine only ever slows a run down); none where bf16 is emulated (a 2048Â
 takes minutes there, and a square matmul runs far slower than the models' own layers do).
 
 Ours runs as users run it: inference uses ``vt.optimize_for_inference`` (bf16 weights for
-the bf16 case); training uses the plain model. ``--compile`` compiles both, so compiled is
+the bf16 case); training uses the model as the training engine sets it up, through
+``vision_tfm.accel.prepare_for_training``. ``--compile`` compiles both, so compiled is
 measured against compiled: ours through ``optimize_for_inference(compile=True)`` (with
 freezing) in inference and the plain ``torch.compile`` that ``run.compile`` uses in
 training, the reference the same way (frozen through ``FrozenCompiled`` in inference); it
@@ -34,9 +35,9 @@ In bf16 inference the reference runs under ``torch.autocast`` with its fp32 weig
 on every call, as autocast users run it; ``--ref-weights bf16`` casts its weights to bf16
 once, as ours are, for the reference a user who casts the model gets.
 ``--check`` exits 1, after the table, when any case runs below ``CHECK_MIN`` (0.95x) its
-reference. ``--attn sdpa`` or ``--attn explicit`` overrides the attention dispatch in ours
-(``auto``, the default, is what users get), to settle a rule of
-``vision_tfm/layers/attention_dispatch.py`` at the model level.
+reference. ``--attn sdpa`` or ``--attn explicit`` overrides accel's attention plan in ours
+(``auto``, the default, is what users get), to re-measure a rule of ``attention_plan``
+(``vision_tfm/accel/cpu.py``) at the model level.
 """
 
 from __future__ import annotations
@@ -53,14 +54,17 @@ import torch.nn.functional as F
 from timm.optim import create_optimizer_v2
 
 import vision_tfm as vt
-from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
-from vision_tfm.layers import attention_dispatch
-from vision_tfm.layers.attention_dispatch import (
+from vision_tfm.accel import (
+    AttentionPlan,
     cpu_native_bf16,
     dispatch_facts,
     emulated_bf16_note,
+    onednn_linear_pays,
+    onednn_linear_speedup,
+    prepare_for_training,
 )
-from vision_tfm.layers.linear import onednn_linear_pays, onednn_linear_speedup
+from vision_tfm.accel import attention as planned_attention
+from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 from vision_tfm.optimize import FrozenCompiled
 from vision_tfm.train.config import OptimConfig
 from vision_tfm.train.engine import build_optimizer
@@ -163,7 +167,7 @@ def build(kind: str, prec: str, mode: str, compile: bool = False, ref_bf16: bool
         if compile:
             ref = FrozenCompiled(ref)
     else:
-        ours.train()
+        ours = prepare_for_training(ours.train())  # as the training engine sets it up
         ref.train()
         ours = torch.compile(ours, dynamic=False) if compile else ours
         ref = torch.compile(ref, dynamic=False) if compile else ref
@@ -171,18 +175,18 @@ def build(kind: str, prec: str, mode: str, compile: bool = False, ref_bf16: bool
 
 
 def force_attention(path: str) -> None:
-    """Make every softmax-attention call of ours take ``path`` ("sdpa", "explicit") instead
-    of the dispatch's pick; "auto" leaves the dispatch alone. Ours only: timm never calls it."""
+    """Make every planned softmax-attention call of ours take ``path`` ("sdpa", "explicit")
+    instead of the plan's pick; "auto" leaves the plan alone. Ours only: timm never calls it."""
     if path == "auto":
         return
-    plan = attention_dispatch.attention_plan
+    plan = planned_attention.attention_plan
 
-    def forced(q: torch.Tensor, has_bias: bool, need_weights: bool):
+    def forced(q: torch.Tensor, has_bias: bool, need_weights: bool) -> AttentionPlan:
         if need_weights or path == "explicit":
             return plan(q, has_bias, True)  # the explicit path with its upcast/contig rules
-        return attention_dispatch.AttentionPlan(fused=True)
+        return AttentionPlan(fused=True)
 
-    attention_dispatch.attention_plan = forced
+    planned_attention.attention_plan = forced
 
 
 def model_input(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
