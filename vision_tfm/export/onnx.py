@@ -39,7 +39,8 @@ ORT_SESSION_CONFIG = {
     "session.intra_op.allow_spinning": "1",  # within a run: no wake-up latency per op
     "session.force_spinning_stop": "1",  # after it: idle workers park, the cores are free
     # a trained model's peaked softmax and saturated activations underflow to denormals,
-    # which x86 computes in microcode: a trained grasp model ran 3.7x slower without this.
+    # which x86 computes in microcode: a trained grasp model ran several times slower without
+    # it (the log: benchmarks/results/export.md).
     # It applies to the pool's threads; the calling thread flushes in `denormals_flushed`.
     "session.set_denormal_as_zero": "1",
 }

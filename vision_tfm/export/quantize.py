@@ -75,10 +75,10 @@ RECIPES: dict[str, dict[str, Any]] = {
 SCORES = {"auto": None, "fp32": True, "int8": False}
 SMOOTH_ALPHAS = (0.5, 0.65, 0.8, 0.95)  # 0.5: the paper's default; 1 moves all range to weights
 STATIC_LAYOUTS: dict[str, dict] = {
-    # onnxruntime: u8 activations x s8 weights is its fast VNNI path on x86 CPUs.
+    # onnxruntime: u8 activations x s8 weights is its fast int8 dot-product path on x86.
     "static": {"activation_type": QuantType.QUInt8, "extra_options": {}},
-    # OpenVINO's CPU plugin fuses symmetric s8 Q/DQ into its int8 (VNNI / AMX) convolutions,
-    # FCs and attention; u8 zero points become a Subtract on every activation instead.
+    # OpenVINO's CPU plugin fuses symmetric s8 Q/DQ into its int8 convolutions, FCs and
+    # attention; u8 zero points become a Subtract on every activation instead.
     # A quantised op's output is re-quantised only for the next one: the grasp maps stay fp32.
     "openvino": {
         "activation_type": QuantType.QInt8,

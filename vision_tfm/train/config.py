@@ -168,7 +168,7 @@ class RunConfig(Checked):
         seed: Seeds everything; with the same seed a CPU run is bit-reproducible.
         precision: "fp32", or "amp": bf16 autocast on CPU, fp16 autocast + GradScaler on GPU,
             or "bf16": bf16 autocast on any device, or "auto": "amp" on GPU, "bf16" on a CPU
-            with native bf16 (AVX512_BF16 / AMX), "fp32" on one that would emulate it.
+            with native bf16, "fp32" on one that would emulate it.
         device: "auto", "cpu" or "cuda".
         threads: torch intra-op threads; 0 = leave torch's default.
         log_interval: Steps between progress-bar / TensorBoard updates.
