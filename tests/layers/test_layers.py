@@ -48,9 +48,9 @@ def test_fused_and_explicit_attention_agree_with_bias_and_mask(qk_norm):
 
 
 def test_plain_core_branches_agree_on_windows_with_bias_mask_and_an_empty_row(monkeypatch):
-    """fp32: SDPA and the explicit path of the plain core give one output on Swin-like windows
-    with a per-window bias and mask, where one query may attend to nothing (zeros on both
-    paths, so the layer returns the projection's bias there)."""
+    """fp32: SDPA and the explicit path of the plain core give one output and one gradient on
+    Swin-like windows with a per-window bias and mask, where one query may attend to nothing
+    (zeros on both paths, so the layer returns the projection's bias there)."""
     from vision_tfm.layers import attention
 
     torch.manual_seed(0)
@@ -66,11 +66,14 @@ def test_plain_core_branches_agree_on_windows_with_bias_mask_and_an_empty_row(mo
     results = []
     for fused in (True, False):
         attn.fused = fused
-        results.append(attn(x, bias=bias, mask=mask))
+        out = attn(x, bias=bias, mask=mask)
+        (grad,) = torch.autograd.grad(out.square().sum(), x)
+        results.append((out.detach(), grad))
     assert len(sdpa_calls) == 1  # the fused branch only
-    out, want = results
+    (out, grad), (want, want_grad) = results
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out[:, 1, 0], attn.proj.bias.expand(2, -1))
+    torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-5)  # finite on both
+    torch.testing.assert_close(out[:, 1, 0], attn.proj.bias.detach().expand(2, -1))
 
 
 def test_a_query_with_no_allowed_key_gets_zeros_on_both_paths():

@@ -282,9 +282,12 @@ def explicit_attention(
         logits = (q * scale) @ k.transpose(-2, -1)  # (..., h, N, M)
     if attn_bias is not None:
         logits = logits + attn_bias  # promotes to fp32 when upcast
+    empty = None if mask is None else ~mask.any(-1, keepdim=True)  # rows with no allowed key
+    if empty is not None:  # a finite softmax there, else its backward turns NaN
+        logits = logits.masked_fill(empty, 0.0)
     attn = logits.softmax(dim=-1).to(v.dtype)
-    if mask is not None:
-        attn = attn.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    if empty is not None:
+        attn = attn.masked_fill(empty, 0.0)
     dropped = F.dropout(attn, dropout_p) if dropout_p else attn
     return dropped @ v, attn  # (..., h, N, d)
 
