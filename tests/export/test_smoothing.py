@@ -13,7 +13,7 @@ from torch import nn
 
 import vision_tfm as vt
 from vision_tfm.export.flops import cpu_description
-from vision_tfm.export.onnx import export_onnx, ort_runner, ort_session
+from vision_tfm.export.onnx import export_attention, export_onnx, ort_runner, ort_session
 from vision_tfm.export.quantize import SMOOTH_ALPHAS, quantize_int8, score_projections
 from vision_tfm.export.smoothing import balanceable_norms, smooth_onnx
 from vision_tfm.export.source import INPUT_NAME
@@ -56,7 +56,8 @@ def export(model: nn.Module, shape: tuple[int, ...], path: Path, dynamic: frozen
     example = torch.randn(2, *shape)
     out = model(example)
     names = list(out) if isinstance(out, dict) else ["logits"]  # grasp maps come as a dict
-    export_onnx(model, example, path, output_names=names, dynamic=dynamic)
+    with export_attention(model, example):  # windows explicit, as the export pipeline runs it
+        export_onnx(model, example, path, output_names=names, dynamic=dynamic)
     return path
 
 
