@@ -10,7 +10,8 @@ python train_cls.py --resume runs/cls/vit_mnist-20261201-101500/last.pt
 from pathlib import Path
 
 from vision_tfm.data import infer_dataset_kind
-from vision_tfm.train import ClassificationTask, ClsConfig, Trainer
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.train import Trainer
 from vision_tfm.train.launch import base_parser, resolve_config, run_cli
 
 CONFIGS = Path(__file__).resolve().parent / "configs" / "cls"
@@ -21,7 +22,7 @@ def main() -> None:
     extra = {}
     if args.data:
         extra = {"data.name": infer_dataset_kind(args.data), "data.root": args.data}
-    cfg = resolve_config(ClsConfig(), args, CONFIGS, "_mnist", extra, task="cls")
+    cfg = resolve_config(ClsConfig(), args, CONFIGS, "_mnist", extra, task=ClassificationTask)
     Trainer(cfg, ClassificationTask(cfg), resume=args.resume).fit(eval_only=args.eval_only)
 
 

@@ -8,8 +8,9 @@ python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_t --fol
 
 from pathlib import Path
 
-from vision_tfm.train import Trainer
-from vision_tfm.train.grasp import GraspConfig, GraspTask, cross_validate
+from vision_tfm.errors import ConfigError
+from vision_tfm.tasks import GraspConfig, GraspTask
+from vision_tfm.train import Trainer, cross_validate
 from vision_tfm.train.launch import base_parser, resolve_config, run_cli
 
 CONFIGS = Path(__file__).resolve().parent / "configs" / "grasp"
@@ -24,7 +25,7 @@ def main() -> None:
     )
     args = p.parse_intermixed_args()
     if args.folds is not None and (args.resume or args.eval_only):
-        raise ValueError("--folds trains every fold from scratch: drop --resume / --eval-only")
+        raise ConfigError("--folds trains every fold from scratch: drop --resume / --eval-only")
     extra = {}
     if args.data:
         extra["data.root"] = args.data
@@ -32,9 +33,9 @@ def main() -> None:
         extra["data.dataset"] = args.dataset
     if args.input:
         extra["data.input"] = args.input
-    cfg = resolve_config(GraspConfig(), args, CONFIGS, "", extra, task="grasp")
+    cfg = resolve_config(GraspConfig(), args, CONFIGS, "", extra, task=GraspTask)
     if args.folds is not None:
-        cross_validate(cfg, args.folds)
+        cross_validate(cfg, GraspTask, args.folds)
         return
     Trainer(cfg, GraspTask(cfg), resume=args.resume).fit(eval_only=args.eval_only)
 

@@ -66,8 +66,8 @@ from vision_tfm.accel import (
 from vision_tfm.accel import attention as planned_attention
 from vision_tfm.export.flops import count_flops, cpu_description, matmul_ceiling
 from vision_tfm.optimize import FrozenCompiled
-from vision_tfm.train.config import OptimConfig
-from vision_tfm.train.engine import build_optimizer
+from vision_tfm.tasks.config import OptimConfig
+from vision_tfm.train import build_optimizer
 
 CHECK_MIN = 0.95  # --check: the slowest ratio against the reference that passes
 PAIRS = {

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 import vision_tfm as vt
 from vision_tfm.config import apply_overrides
 from vision_tfm.data import AugConfig, DataConfig, build_cls_datasets
-from vision_tfm.train import ClassificationTask, ClsConfig, Trainer
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.train import Trainer
 
 PLACEMENTS = ("pre", "post", "residual")
 

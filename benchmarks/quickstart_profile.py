@@ -29,9 +29,9 @@ from timm.optim import create_optimizer_v2
 from torch.utils.data import default_collate
 
 from vision_tfm.export.flops import cpu_description
-from vision_tfm.train import ClassificationTask, ClsConfig
-from vision_tfm.train.config import load_config
-from vision_tfm.train.engine import _SeededItems
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.tasks.config import load_config
+from vision_tfm.train.sampling import SeededItems as _SeededItems
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,14 +38,8 @@ from torchvision.utils import draw_bounding_boxes
 from vision_tfm.config import apply_overrides, parse_cli_overrides
 from vision_tfm.data.grasp import GraspView, find_cornell_views
 from vision_tfm.detection import build_detector, mean_average_precision
-from vision_tfm.train import (
-    EmaConfig,
-    ModelConfig,
-    OptimConfig,
-    RunConfig,
-    SchedConfig,
-    Trainer,
-)
+from vision_tfm.tasks.config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
+from vision_tfm.train import Trainer
 from vision_tfm.train.launch import run_cli
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cornell"

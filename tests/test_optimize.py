@@ -12,7 +12,7 @@ import vision_tfm as vt
 from vision_tfm import optimize
 from vision_tfm.accel import OneDnnLinear
 from vision_tfm.layers import LayerScale
-from vision_tfm.models import swin
+from vision_tfm.models import swin_windows
 from vision_tfm.models.swin import SwinBlock
 
 
@@ -133,10 +133,10 @@ def test_compiled_swin_holds_shift_bias_as_constants():
     # a copy (EMA, pickling) is another constant: one name twice in a graph breaks AOTAutograd
     twin = copy.deepcopy(shifted[0])
     twin_id = twin.block_id
-    assert twin_id != shifted[0].block_id and twin_id in swin._CONSTANT_BIASES
+    assert twin_id != shifted[0].block_id and twin_id in swin_windows._CONSTANT_BIASES
     del twin
     gc.collect()
-    assert twin_id not in swin._CONSTANT_BIASES  # its function goes with the block
+    assert twin_id not in swin_windows._CONSTANT_BIASES  # its function goes with the block
 
 
 @pytest.mark.parametrize("name", ["vit_test", "swin_test", "hybrid_test", "grasp_hybrid_t"])

@@ -23,11 +23,10 @@ from vision_tfm.config import apply_overrides, parse_cli_overrides
 from vision_tfm.data import load_image, read_data_pickle
 from vision_tfm.data.grasp import MAX_COORD, load_depth, read_cornell_rects, read_jacquard_grasps
 from vision_tfm.errors import VisionTfmError
+from vision_tfm.io import load_checkpoint
 from vision_tfm.models import create_model, load_pretrained
-from vision_tfm.train import ClsConfig
-from vision_tfm.train.checkpoint import load_checkpoint
-from vision_tfm.train.classification import restore_cls_model
-from vision_tfm.train.grasp import GraspConfig
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.tasks.grasp import GraspConfig
 
 PROP = settings(
     max_examples=25,
@@ -236,7 +235,7 @@ def test_random_checkpoint_contents(tiny_state, meta, kwargs, nan) -> None:
         w = ck["model"]["head.weight"].clone()
         w[0, 0] = math.nan
         ck["model"]["head.weight"] = w
-    result = outcome(restore_cls_model, ck)
+    result = outcome(ClassificationTask.restore, ck)
     if not isinstance(result, Exception):
         model, _ = result
         assert all(torch.isfinite(p).all() for p in model.state_dict().values())

@@ -4,8 +4,7 @@ from . import detection
 from .detection import create_backbone
 from .models import create_model, list_models, load_pretrained
 from .optimize import optimize_for_inference
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "__version__",

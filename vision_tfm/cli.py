@@ -13,20 +13,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import VisionTfmError
+from .data import build_eval_transform, load_image
+from .errors import ConfigError, MissingFileError, OutputExistsError, VisionTfmError
+from .io import check_writable_dir, load_checkpoint
 from .models.convert import check_checkpoint_path
+from .tasks import ClassificationTask, eval_data_config
+from .tasks.grasp import draw_grasps, predict_grasps
 
 __all__ = ["main"]
 
 
 def _load_cls(args: argparse.Namespace) -> tuple[torch.nn.Module, dict, np.ndarray, torch.Tensor]:
     """The classifier of ``--checkpoint``, its meta, and ``image`` raw and preprocessed."""
-    from .data import build_eval_transform, load_image
-    from .train.checkpoint import load_checkpoint
-    from .train.classification import eval_data_config, restore_cls_model
-
     ckpt = load_checkpoint(args.checkpoint)
-    model, cfg = restore_cls_model(ckpt, use_ema=args.ema, source=str(args.checkpoint))
+    model, cfg = ClassificationTask.restore(ckpt, use_ema=args.ema, source=str(args.checkpoint))
     meta = ckpt["meta"]
     img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
     return model, meta, img, build_eval_transform(eval_data_config(cfg, meta))(img)[None]
@@ -35,7 +35,7 @@ def _load_cls(args: argparse.Namespace) -> tuple[torch.nn.Module, dict, np.ndarr
 def _check_count(flag: str, value: int) -> None:
     """A count flag below 1 would print nothing (0) or, sliced from the end, nearly everything."""
     if value < 1:
-        raise ValueError(f"{flag} must be >= 1, got {value}")
+        raise ConfigError(f"{flag} must be >= 1, got {value}")
 
 
 def _need_inputs(checkpoint: str, *images: str | None) -> None:
@@ -43,7 +43,7 @@ def _need_inputs(checkpoint: str, *images: str | None) -> None:
     check_checkpoint_path(checkpoint)
     for image in filter(None, images):
         if not Path(image).is_file():
-            raise FileNotFoundError(f"image file not found: {image}")
+            raise MissingFileError(f"image file not found: {image}")
 
 
 def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) -> Path:
@@ -57,17 +57,17 @@ def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) 
     path = Path(given)
     path = path if path.suffix else path.with_name(path.name + ".png")
     if path.suffix.lower() != ".png":
-        raise ValueError(f"--out must end in .png, got {out}")
+        raise ConfigError(f"--out must end in .png, got {out}")
     for p in (Path(given), path):
         if p.is_dir():
-            raise ValueError(f"--out: {p} is a folder; give the .png file path")
+            raise ConfigError(f"--out: {p} is a folder; give the .png file path")
     folder = next(p for p in path.absolute().parents if p.exists())
     if not folder.is_dir():
-        raise ValueError(f"--out: cannot create a folder under {folder}: it is a file")
+        raise ConfigError(f"--out: cannot create a folder under {folder}: it is a file")
     if path.exists() and path.resolve() == Path(image).resolve():
-        raise ValueError(f"--out: {path} is the input image")
+        raise ConfigError(f"--out: {path} is the input image")
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+        raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
     return path
 
 
@@ -98,8 +98,6 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 def cmd_grasp(args: argparse.Namespace) -> None:
     """Print the top grasps on one view and write an overlay PNG."""
-    from .grasp import draw_grasps, predict_grasps
-
     _check_count("--top", args.top)
     _need_inputs(args.checkpoint, args.image, args.depth)
     out = _out_png(args.out, args.image, "_grasps.png", args.overwrite)
@@ -139,9 +137,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_benchmark(args: argparse.Namespace) -> None:
     """Print and write (Markdown, CSV, JSON) one row per format."""
     from .export import BenchOptions, benchmark_checkpoint, write_tables
-    from .export.benchmark import TABLE_FILES, markdown_table
     from .export.pipeline import refuse_existing
-    from .train.rundir import check_writable_dir
+    from .export.tables import TABLE_FILES, markdown_table
 
     names = [f.name for f in dataclasses.fields(BenchOptions) if hasattr(args, f.name)]
     given = {k: getattr(args, k) for k in names}  # each flag is named after its field
@@ -158,7 +155,9 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
     check_writable_dir(out, "--out")  # the table is written last: fail now, not after the work
     keep = Path(args.keep_exports) if args.keep_exports else None
     if keep is not None and keep.exists() and any(keep.iterdir()) and not args.overwrite:
-        raise FileExistsError(f"--keep-exports: {keep} is not empty; pass --overwrite to reuse it")
+        raise OutputExistsError(
+            f"--keep-exports: {keep} is not empty; pass --overwrite to reuse it"
+        )
     if keep is not None:
         check_writable_dir(keep, "--keep-exports")
     progress = lambda line: print(line, file=sys.stderr)  # noqa: E731
@@ -330,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
         prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         args.fn(args)
-    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, VisionTfmError) as e:
+    except (VisionTfmError, OSError, ValueError) as e:  # ours; a library's, on bad input
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     finally:

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DependencyError",
+    "ExportError",
     "InputError",
     "InputIndexError",
     "InputTypeError",
@@ -87,3 +88,7 @@ class RunDirError(VisionTfmError, OSError):
 
 class OutputExistsError(RunDirError, FileExistsError):
     """An output file or folder exists and ``--overwrite`` (``overwrite=True``) was not given."""
+
+
+class ExportError(VisionTfmError, RuntimeError):
+    """An export step failed: the exporter, a runtime, or a check on what it wrote."""

@@ -1,8 +1,11 @@
-"""Attention rollout (Abnar & Zuidema 2020): where a ViT looks, as a heat map over the image."""
+"""Pictures of a model and its run: attention rollout (Abnar & Zuidema 2020), where a ViT looks,
+as a heat map over the image; training curves and the confusion matrix."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,11 +65,7 @@ def attention_rollout(
 
 def save_heatmap_overlay(image: np.ndarray, heat: torch.Tensor, path: str | Path) -> None:
     """Blend a ``(gh, gw)`` heat map, upsampled bilinearly, over an HWC uint8 image."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     h, w = image.shape[:2]
     up = F.interpolate(heat[None, None].float(), size=(h, w), mode="bilinear", align_corners=False)
     up = up[0, 0].cpu().numpy()
@@ -78,6 +77,59 @@ def save_heatmap_overlay(image: np.ndarray, heat: torch.Tensor, path: str | Path
     axes[1].imshow(up, cmap="jet", alpha=0.5)
     axes[0].set_title("input")
     axes[1].set_title("attention rollout")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend: writes files, needs no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(history: Sequence[dict[str, Any]], path: Path, metric_keys: Sequence[str]) -> None:
+    """Loss (left) and validation metrics (right) per epoch."""
+    plt = pyplot()
+    epochs = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(epochs, [h["train_loss"] for h in history], marker="o")
+    a.set(xlabel="epoch", ylabel="train loss", title="loss")
+    for k in metric_keys:
+        if all(k in h for h in history):
+            b.plot(epochs, [h[k] for h in history], marker="o", label=k)
+    b.set(xlabel="epoch", ylabel="metric", title="validation")
+    b.legend()
+    b.grid(alpha=0.3)
+    a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_confusion(cm: np.ndarray, class_names: Sequence[str], path: Path) -> None:
+    """Row-normalised confusion matrix (rows: true class) with counts in the cells."""
+    plt = pyplot()
+    n = len(class_names)
+    norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    size = max(4.0, min(0.5 * n + 2, 20.0))
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    if n <= 30:
+        ax.set_xticks(range(n), class_names, rotation=90)
+        ax.set_yticks(range(n), class_names)
+        for i in range(n):
+            for j in range(n):
+                if cm[i, j]:
+                    color = "white" if norm[i, j] > 0.5 else "black"
+                    ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=7, color=color)
+    ax.set(
+        xlabel="predicted", ylabel="true", title=f"confusion (acc {np.trace(cm) / cm.sum():.4f})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

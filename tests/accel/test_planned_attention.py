@@ -163,7 +163,8 @@ def test_fx_symbolic_trace_of_a_vit_with_and_without_the_swap(swap):
 
 def test_the_training_engine_prepares_its_model(tmp_path):
     from vision_tfm.config import apply_overrides
-    from vision_tfm.train import ClassificationTask, ClsConfig, Trainer
+    from vision_tfm.tasks import ClassificationTask, ClsConfig
+    from vision_tfm.train import Trainer
 
     cfg = apply_overrides(
         ClsConfig(),

@@ -31,7 +31,7 @@ from vision_tfm.data.config import IMAGENET_MEAN, MNIST_MEAN, MNIST_STD, resolve
 from vision_tfm.data.datasets import ArrayDataset
 from vision_tfm.data.mnist import mnist_split_indices, parse_idx
 from vision_tfm.errors import DataError, MissingFileError
-from vision_tfm.train.classification import ClsConfig
+from vision_tfm.tasks import ClsConfig
 
 MNIST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 NO_AUG = AugConfig(kind="none")

@@ -22,8 +22,9 @@ from vision_tfm.cli import main
 from vision_tfm.config import apply_overrides, config_to_dict
 from vision_tfm.data.config import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from vision_tfm.export.quantize import SMOOTH_ALPHAS
-from vision_tfm.train import ClsConfig, atomic_save, build_cls_model
-from vision_tfm.train.grasp import GraspConfig, build_grasp_model
+from vision_tfm.io import atomic_save
+from vision_tfm.tasks import ClsConfig, build_cls_model
+from vision_tfm.tasks.grasp import GraspConfig, build_grasp_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = {
@@ -268,6 +269,22 @@ def test_linear_attention_checkpoint_exports_quantises_and_benchmarks(tmp_path: 
     assert float(rows[2]["top1_agreement"]) >= 0.9  # int8 keeps the fp32 model's answers
 
 
+def assert_rules_documented(spec: str, *rules: str) -> None:
+    """model.json names the doc section that states its contract's rules; that section has
+    them (the rules change only with a new contract number)."""
+    path, _, anchor = spec.partition("#")
+    text = (Path(__file__).resolve().parents[2] / path).read_text()
+    headings = {
+        "-".join(line.lstrip("#").strip().lower().split()): i
+        for i, line in enumerate(text.splitlines())
+        if line.startswith("#")
+    }
+    assert anchor in headings, f"{spec}: no such section"
+    section = "\n".join(text.splitlines()[headings[anchor] :]).split("\n### ")[0]
+    for rule in rules:
+        assert rule in section, f"{spec} does not state {rule!r}"
+
+
 def test_grasp_exports_the_four_maps_as_one_output(tmp_path: Path) -> None:
     import onnxruntime as ort
 
@@ -288,6 +305,8 @@ def test_grasp_exports_the_four_maps_as_one_output(tmp_path: Path) -> None:
     assert maps.shape == (2, 4, 32, 32)
     assert (maps[:, [0, 3]] >= 0).all() and (maps[:, [0, 3]] <= 1).all() and (maps >= -1).all()
     assert "8 neighbours" in pre["depth"]["holes"] and post["filter"]["sigma"]["quality"] == 2.0
+    assert_rules_documented(pre["spec"], "8 neighbours", "area average")
+    assert_rules_documented(post["spec"], "GaussianBlur", "Chebyshev distance")
 
 
 def test_data_root_that_moved_is_named_and_data_points_at_it(
@@ -335,6 +354,7 @@ def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
     pre = meta["preprocess"]
     assert pre["resize"]["short_side"] == 28 and pre["center_crop"]["size"] == [28, 28]
     assert "INTER_CUBIC" in pre["resize"]["filter"] and pre["channels"]["mode"] == "L"
+    assert_rules_documented(pre["spec"], "Keys kernel a = -0.75", "(v + 2**21) >> 22")
     assert meta["checkpoint"] == "vit_mnist.pt"  # a name: a path would leak the machine
     assert (tmp_path / "model-int8-dynamic.onnx").is_file()
     capsys.readouterr()
@@ -376,7 +396,7 @@ def test_failed_parity_exits_nonzero_says_by_how_much_and_writes_nothing(
 def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     vit_export: Path, tmp_path: Path, capsys, fake_cpu, caplog
 ) -> None:
-    from vision_tfm.export.benchmark import COLUMNS
+    from vision_tfm.export.tables import COLUMNS
 
     fake_cpu("AVX2", False)  # bf16 emulated: one warning line, and the footer says it
 
@@ -410,7 +430,7 @@ def test_benchmark_table_has_every_column_and_survives_a_failing_format(
     assert tuple(rows[0]) == COLUMNS and [r["format"] for r in rows] == formats.split(",")
     status = {r["format"]: r["status"] for r in rows}
     for fmt in ("onnx-int8-dynamic", "onnx-int8-static"):
-        assert status[fmt].startswith("failed: ValueError")
+        assert status[fmt].startswith("failed: DataError")
         assert_names(status[fmt], empty)  # the calibration folder without images
     for r in rows[:3]:
         assert r["status"] == "ok", r
@@ -529,7 +549,7 @@ def test_openvino_missing_is_a_failed_row_or_a_refused_export(
     result = benchmark_checkpoint(vit_export / "vit_mnist.pt", opts, log=lambda _: None)
     torch_row, ov = result["rows"]
     assert torch_row["status"] == "ok" and torch_row["latency_median_ms"] > 0
-    assert ov["status"].startswith("failed: RuntimeError") and "[openvino]" in ov["status"]
+    assert ov["status"].startswith("failed: DependencyError") and "[openvino]" in ov["status"]
     assert ov["latency_median_ms"] is None and result["versions"]["openvino"] is None
     from vision_tfm.export.openvino import openvino_runner
 
@@ -753,8 +773,8 @@ def test_onnx_client_matches_vtfm_predict_on_every_input_kind(
 ) -> None:
     """examples/onnx_client.py (onnxruntime, numpy, Pillow) follows model.json alone."""
     from vision_tfm.data import build_eval_transform, load_image
-    from vision_tfm.train.checkpoint import load_checkpoint
-    from vision_tfm.train.classification import eval_data_config, restore_cls_model
+    from vision_tfm.io import load_checkpoint
+    from vision_tfm.tasks import ClassificationTask, eval_data_config
 
     ckpt = cls_checkpoint(tmp_path, "vit_mnist", in_chans=in_chans, crop_pct=0.875)
     vtfm("export", "--checkpoint", ckpt)
@@ -766,7 +786,7 @@ def test_onnx_client_matches_vtfm_predict_on_every_input_kind(
     probs = [np.asarray(json.loads(line)) for line in done.stdout.splitlines()]
     # what vtfm predict computes, unrounded
     saved = load_checkpoint(ckpt)
-    model, cfg = restore_cls_model(saved)
+    model, cfg = ClassificationTask.restore(saved)
     transform = build_eval_transform(eval_data_config(cfg, saved["meta"]))
     capsys.readouterr()
     for path, prob in zip(images, probs, strict=True):
@@ -839,8 +859,8 @@ def trained_grasp(tmp_path_factory) -> tuple[Path, float]:
 
 
 def _train_tiny_grasp(out_dir: Path, **extra: Any) -> tuple[Path, float]:
+    from vision_tfm.tasks.grasp import GraspTask
     from vision_tfm.train import Trainer
-    from vision_tfm.train.grasp import GraspTask
 
     over = {
         "model.name": "grasp_hybrid_t",
@@ -870,7 +890,7 @@ def test_grasp_folder_views_ignore_the_checkpoints_fold_split(trained_grasp, tmp
     from vision_tfm.export import load_source
 
     src = load_source(trained_grasp[0])
-    src.cfg = replace(src.cfg, data=replace(src.cfg.data, folds=5, fold=4, normalise="image"))
+    src.task.cfg = replace(src.cfg, data=replace(src.cfg.data, folds=5, fold=4, normalise="image"))
     folder = tmp_path / "calib" / "01"
     folder.mkdir(parents=True)
     for f in (FIXTURES / "cornell" / "01").glob("pcd010[01]*"):
@@ -1008,7 +1028,8 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
 
     from vision_tfm.data.grasp import load_depth
     from vision_tfm.export import load_source
-    from vision_tfm.grasp import angle_difference, predict_grasps
+    from vision_tfm.grasp import angle_difference
+    from vision_tfm.tasks.grasp import predict_grasps
 
     if normalise == "fixed":
         ckpt, _ = trained_grasp

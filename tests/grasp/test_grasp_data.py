@@ -43,7 +43,7 @@ from vision_tfm.grasp import (
     encode_grasp_maps,
     polygon_iou,
 )
-from vision_tfm.train.grasp import GraspDataConfig
+from vision_tfm.tasks.grasp import GraspDataConfig
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CORNELL = FIXTURES / "cornell"

@@ -10,7 +10,6 @@ from conftest import raises_naming
 import vision_tfm as vt
 from vision_tfm.config import ConfigError
 from vision_tfm.errors import InputError
-from vision_tfm.grasp import GraspMaps
 from vision_tfm.grasp.maps import MAP_KEYS, activate_grasp_maps, split_maps
 from vision_tfm.models.hybrid import (
     GraspHybrid,
@@ -19,6 +18,7 @@ from vision_tfm.models.hybrid import (
     HybridTrunk,
     HybridTrunkConfig,
 )
+from vision_tfm.tasks.grasp import GraspMaps
 
 # the grasp family at test size: same stage count (reduction 8), narrow everything
 TINY_GRASP = dict(stem_chs=(4, 8, 8, 16), embed_dim=16, num_heads=2)

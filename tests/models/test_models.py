@@ -153,7 +153,7 @@ def test_train_mode_gradients_match_timm_on_the_same_weights(name, kw, size):
 
 
 def test_window_partition_reverse_identity():
-    from vision_tfm.models.swin import window_partition, window_reverse
+    from vision_tfm.models.swin_windows import window_partition, window_reverse
 
     x = torch.randn(2, 14, 21, 5)
     w = window_partition(x, 7)
@@ -163,7 +163,7 @@ def test_window_partition_reverse_identity():
 
 
 def test_swin_mask_blocks_cross_region_attention():
-    from vision_tfm.models.swin import MASK_VALUE, shifted_window_mask
+    from vision_tfm.models.swin_windows import MASK_VALUE, shifted_window_mask
 
     mask = shifted_window_mask(14, 14, 7, (3, 3))
     assert mask.shape == (4, 1, 49, 49)
@@ -303,10 +303,11 @@ def test_optimize_for_inference_rejects_bad_arguments(model, kw, err, names):
 
 def test_swin_mask_caches_stay_bounded_over_many_input_sizes():
     """Masks (shared by all blocks) and frozen bias+mask sums (per block) are LRU-bounded."""
-    from vision_tfm.models import swin
+    from vision_tfm.models import swin_windows as swin
+    from vision_tfm.models.swin import SwinBlock
 
     m = vt.create_model("swin_test", embed_dim=8, num_heads=(1, 1, 1, 1)).eval()
-    blocks = [b for b in m.modules() if isinstance(b, swin.SwinBlock)]
+    blocks = [b for b in m.modules() if isinstance(b, SwinBlock)]
     for b in blocks:
         b.attn.freeze_bias()  # the inference fast path, which also caches bias + mask
     x0 = torch.randn(1, 3, 32, 32)

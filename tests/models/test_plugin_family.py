@@ -82,7 +82,8 @@ def test_registered_built_by_name_and_checked():
 
 
 def test_trained_one_step_by_the_engine_with_layer_decay_and_checkpointing(tmp_path):
-    from vision_tfm.train import ClassificationTask, ClsConfig, Trainer
+    from vision_tfm.tasks import ClassificationTask, ClsConfig
+    from vision_tfm.train import Trainer
 
     cfg = apply_overrides(
         ClsConfig(),

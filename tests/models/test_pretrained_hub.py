@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 import vision_tfm as vt
 from vision_tfm.errors import CheckpointError, ConfigError, MissingFileError
-from vision_tfm.train.config import ModelConfig
+from vision_tfm.tasks.config import ModelConfig
 
 NAME, TAG = "vit_tiny_patch16_224", "augreg_in21k_ft_in1k"
 SHRINK = {"depth": 2}

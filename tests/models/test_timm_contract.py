@@ -23,8 +23,8 @@ import vision_tfm as vt
 from vision_tfm.errors import InputError
 from vision_tfm.layers import Block
 from vision_tfm.models.registry import get_model_entry
-from vision_tfm.train.config import OptimConfig
-from vision_tfm.train.engine import build_optimizer
+from vision_tfm.tasks.config import OptimConfig
+from vision_tfm.train import build_optimizer
 
 ALL = vt.list_models()
 CLASSIFIERS = [n for n in ALL if not get_model_entry(n).cls.output_maps]
@@ -323,7 +323,7 @@ def test_grad_checkpointing_gives_identical_gradients(name):
 
 
 def test_grad_checkpointing_config_key(tmp_path):
-    from vision_tfm.train.config import ModelConfig
+    from vision_tfm.tasks.config import ModelConfig
 
     m = ModelConfig(name="vit_test", grad_checkpointing=True).create()
     assert m.grad_checkpointing

@@ -6,7 +6,8 @@ import pytest
 from conftest import raises_naming
 
 from vision_tfm.config import ConfigError, apply_overrides, parse_cli_overrides
-from vision_tfm.train import ClsConfig, load_config
+from vision_tfm.tasks import ClsConfig
+from vision_tfm.tasks.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -23,7 +24,7 @@ def test_cls_recipes_load_and_document_themselves(path):
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("grasp/*.yaml")), ids=lambda p: p.name)
 def test_grasp_recipes_load(path):
-    from vision_tfm.train.grasp import GraspConfig
+    from vision_tfm.tasks.grasp import GraspConfig
 
     cfg = load_config(GraspConfig(), path, {})
     assert "train_grasp.py" in path.read_text().splitlines()[0]

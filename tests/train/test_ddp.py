@@ -17,8 +17,10 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from vision_tfm.config import apply_overrides, parse_cli_overrides
-from vision_tfm.train import ClassificationTask, ClsConfig, Trainer, load_config
-from vision_tfm.train.checkpoint import load_checkpoint
+from vision_tfm.io import load_checkpoint
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.tasks.config import load_config
+from vision_tfm.train import Trainer
 from vision_tfm.train.launch import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

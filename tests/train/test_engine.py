@@ -15,11 +15,10 @@ from timm.optim import create_optimizer_v2
 
 from vision_tfm.config import ConfigError, apply_overrides
 from vision_tfm.errors import CheckpointError
-from vision_tfm.train import ClassificationTask, ClsConfig, NonFiniteLossError, Trainer
-from vision_tfm.train.checkpoint import atomic_save, load_checkpoint
-from vision_tfm.train.classification import restore_cls_model
-from vision_tfm.train.config import OptimConfig
-from vision_tfm.train.engine import build_optimizer, make_run_dir
+from vision_tfm.io import atomic_save, load_checkpoint
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.tasks.config import OptimConfig
+from vision_tfm.train import Interrupted, NonFiniteLossError, Trainer, build_optimizer, make_run_dir
 from vision_tfm.train.launch import base_parser, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,13 +172,13 @@ def test_checkpoint_contents_and_outputs(tmp_path, capsys):
     assert ck["meta"]["weights"] == "ema" and ck["state"]["best"] == metrics["ema_top1"]
     ema = {k.removeprefix("module."): v for k, v in ck["ema"].items()}
     for use_ema, expect in ((None, ema), (True, ema), (False, ck["model"])):
-        model, _ = restore_cls_model(ck, use_ema=use_ema)
+        model, _ = ClassificationTask.restore(ck, use_ema=use_ema)
         for k, v in model.state_dict().items():
             assert torch.equal(v, expect[k]), (use_ema, k)
     assert any(not torch.equal(ema[k], ck["model"][k]) for k in ema)  # they do differ
     del ck["ema"]  # a run without EMA: --ema is refused, not quietly served raw weights
     with raises_naming(CheckpointError, "ema"):
-        restore_cls_model(ck, use_ema=True)
+        ClassificationTask.restore(ck, use_ema=True)
 
 
 class _NanTask(ClassificationTask):
@@ -264,7 +263,7 @@ def test_load_checkpoint_says_what_the_file_is(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def _resolve(*argv, task="cls"):
+def _resolve(*argv, task=ClassificationTask):
     args = base_parser("test").parse_intermixed_args([str(a) for a in argv])
     return resolve_config(ClsConfig(), args, ROOT / "configs" / "cls", "_mnist", task=task)
 
@@ -300,9 +299,8 @@ class _InterruptTask(ClassificationTask):
 def test_sigint_writes_resumable_checkpoint(tmp_path):
     cfg = tiny_cfg(tmp_path)
     trainer = Trainer(cfg, _InterruptTask(cfg))
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(Interrupted):  # the launcher maps it to exit code 130
         trainer.fit()
-    assert e.value.code == 130
     ck = load_checkpoint(trainer.run_dir / "last.pt")
     assert ck["state"]["epoch"] == 0 and ck["state"]["step_in_epoch"] == 2
     resumed, _ = run(cfg, resume=trainer.run_dir / "last.pt")
@@ -518,7 +516,7 @@ def test_a_fine_tuned_checkpoint_needs_not_the_weights_it_started_from(
     tuned["model"] = {k: v + 0.01 for k, v in tuned["model"].items()}  # differs from start
     torch.save(tuned, tmp_path / "tuned.pt")
     start.unlink()
-    model, cfg = restore_cls_model(tuned)
+    model, cfg = ClassificationTask.restore(tuned)
     assert cfg.model.pretrained == str(start)  # the run's provenance is kept
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, tuned["model"][k], rtol=0, atol=0)
@@ -594,7 +592,7 @@ def test_mid_epoch_stop_and_crash_resume_exactly_and_log_each_step_once(tmp_path
     assert full.state.num_updates == 4  # the trailing micro-batch is stepped, not dropped
     cfg = tiny_cfg(tmp_path / "b", **kw)
     stopped = Trainer(cfg, _FaultTask(cfg, at=2, fault="sigint"))
-    with pytest.raises(SystemExit):  # Ctrl-C on a micro-batch that is not its group's last
+    with pytest.raises(Interrupted):  # Ctrl-C on a micro-batch that is not its group's last
         stopped.fit()
     last = stopped.run_dir / "last.pt"
     state = load_checkpoint(last)["state"]
@@ -628,7 +626,7 @@ def test_an_items_augmentation_depends_on_its_epoch_and_index_only():
     """Not on what was drawn before, nor on the DataLoader worker (which seeds itself)."""
     from torch.utils.data import DataLoader
 
-    from vision_tfm.train.engine import _SeededItems
+    from vision_tfm.train.sampling import SeededItems as _SeededItems
 
     cfg = apply_overrides(ClsConfig(), {**TINY, "aug.random_erasing": 0.5})
     _, train, _, _ = ClassificationTask(cfg).build()
@@ -662,3 +660,22 @@ def test_adamw_runs_fused_and_steps_as_the_per_parameter_loop_does():
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert not build_optimizer(model, OptimConfig(opt="sgd"), 0.1).defaults.get("fused")
+
+
+def test_launcher_maps_an_interrupt_to_exit_130_and_errors_to_one_line(capsys):
+    from vision_tfm.errors import ConfigError
+    from vision_tfm.train.launch import run_cli
+
+    def stopped() -> None:
+        raise Interrupted("interrupted; resume with --resume x/last.pt")
+
+    def bad() -> None:
+        raise ConfigError("optim.lr must be > 0, got -1")
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(stopped)
+    assert e.value.code == 130
+    with pytest.raises(SystemExit) as e:
+        run_cli(bad)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: optim.lr must be > 0, got -1\n"

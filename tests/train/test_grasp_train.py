@@ -14,17 +14,10 @@ from conftest import assert_names, raises_naming
 
 from vision_tfm.config import apply_overrides
 from vision_tfm.data.grasp import crop_box, output_to_crop
-from vision_tfm.grasp import (
-    MAP_KEYS,
-    Grasp,
-    GraspMaps,
-    decode_grasps,
-    predict_grasps,
-    split_maps,
-)
+from vision_tfm.grasp import MAP_KEYS, Grasp, decode_grasps, split_maps
+from vision_tfm.io import load_checkpoint
+from vision_tfm.tasks.grasp import GraspConfig, GraspMaps, GraspTask, predict_grasps
 from vision_tfm.train import Trainer
-from vision_tfm.train.checkpoint import load_checkpoint
-from vision_tfm.train.grasp import GraspConfig, GraspTask
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "cornell"

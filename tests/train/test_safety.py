@@ -18,11 +18,11 @@ from conftest import assert_names, raises_naming
 
 from vision_tfm.config import ConfigError, apply_overrides, parse_cli_overrides
 from vision_tfm.errors import CheckpointError, RunDirError
+from vision_tfm.io import atomic_save, load_checkpoint
 from vision_tfm.models import create_model, load_pretrained
-from vision_tfm.train import ClassificationTask, ClsConfig, NonFiniteLossError, Trainer
-from vision_tfm.train.checkpoint import atomic_save, load_checkpoint
-from vision_tfm.train.classification import restore_cls_model
-from vision_tfm.train.grasp import GraspConfig
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+from vision_tfm.tasks.grasp import GraspConfig
+from vision_tfm.train import NonFiniteLossError, Trainer
 from vision_tfm.train.rundir import LOCK_FILE, RUN_MARKER, RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_a_run_that_moved_on_while_we_loaded_is_not_overwritten(stopped_run, tmp
     try:
         trainer._fit()
     finally:
-        trainer._lock.release()
+        trainer._dirs.release()
     assert trainer.run_dir != own and (own / "last.pt").read_bytes() == newer
 
 
@@ -351,7 +351,7 @@ def test_config_asking_for_a_huge_model_is_refused_before_allocating(tmp_path) -
     ck = torch.load(path, weights_only=True)
     ck["config"]["model"]["kwargs"]["embed_dim"] = 65536  # 51 G parameters if built
     with raises_naming(CheckpointError, 16, 65536):  # the width saved, the width asked for
-        restore_cls_model(ck)
+        ClassificationTask.restore(ck)
 
 
 def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_path) -> None:

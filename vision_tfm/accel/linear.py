@@ -121,7 +121,7 @@ class OneDnnLinear(nn.Linear):
         """Keep the packed weight as the buffer ``packed`` (outside the state dict) for a
         frozen compiled graph to take as a constant. Any row count runs on it, and one packed
         for a few hundred rows ran larger ones as fast as their own did (the speed log in
-        ``benchmarks/results``). Like the rest of a frozen model, it does not follow later
+        ``docs/results/speed.md``). Like the rest of a frozen model, it does not follow later
         changes to the weight."""
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), rows)

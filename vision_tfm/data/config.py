@@ -12,15 +12,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, PROBABILITY, Checked, Range
+from ..constants import IMAGENET_MEAN, IMAGENET_STD, MNIST_MEAN, MNIST_STD
 from ..errors import ConfigError
 
 DATASET_NAMES = ("mnist", "imagefolder", "cifar10")
 AUG_KINDS = ("affine", "rrc", "none")
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-MNIST_MEAN = (0.1307,)
-MNIST_STD = (0.3081,)
 # ITU-R 601 luma weights: the same ones PIL uses for convert("L"), so array and file inputs agree.
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 

@@ -5,12 +5,13 @@
 the OpenVINO rows need ``openvino`` (in ``dev``, or the ``openvino`` extra alone).
 """
 
-from .benchmark import FORMATS, BenchOptions, benchmark_checkpoint, write_tables
+from .benchmark import FORMATS, BenchOptions, benchmark_checkpoint
 from .flops import count_flops, cpu_description, matmul_ceiling
 from .onnx import ParityError, check_parity, export_onnx
 from .pipeline import ExportOptions, export_checkpoint
 from .quantize import calibration_images, quantize_int8
 from .source import ExportSource, load_source
+from .tables import markdown_table, write_tables
 
 __all__ = [
     "FORMATS",
@@ -26,6 +27,7 @@ __all__ = [
     "export_checkpoint",
     "export_onnx",
     "load_source",
+    "markdown_table",
     "matmul_ceiling",
     "quantize_int8",
     "write_tables",

@@ -18,7 +18,6 @@ compiles once per input shape before it is timed; its peak memory includes the c
 from __future__ import annotations
 
 import copy
-import csv
 import io
 import json
 import math
@@ -28,7 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,11 @@ import onnxruntime as ort
 import torch
 
 from ..accel import cpu_native_bf16, warn_if_bf16_emulated
+from ..errors import ConfigError, ExportError, MissingFileError
 from ..models import get_model_entry
 from ..optimize import optimize_for_inference
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
-from .memory import CALLS, peak_rss_mb
+from .memory import peak_rss_mb
 from .onnx import (
     ATTENTION_OPSET,
     DEFAULT_OPSET,
@@ -64,6 +64,7 @@ from .quantize import (
     quantize_int8,
 )
 from .source import ExportSource, Runner, load_source, max_abs_diff, model_source
+from .tables import Row
 
 FORMATS = (
     "torch",
@@ -81,7 +82,6 @@ FORMATS = (
 # exported formats held to the fp32 tolerance against PyTorch on the val images
 FP32_FORMATS = ("onnx", f"onnx-opset{ATTENTION_OPSET}", "openvino")
 TORCH_FAST = ("torch-optimized", "torch-compiled")  # optimize_for_inference, fp32
-TABLE_FILES = ("benchmark.md", "benchmark.csv", "benchmark.json")
 _PATH_SETTINGS = ("data", "calib_data", "weights")  # recorded by name: no machine layout
 MAX_SECONDS = 3600.0
 """Longest ``--seconds`` per format: an hour is already far past a stable median."""
@@ -134,59 +134,31 @@ class BenchOptions:
 
     def validate(self) -> None:
         if not self.formats:
-            raise ValueError(f"--formats: none given; choose from {', '.join(FORMATS)}")
+            raise ConfigError(f"--formats: none given; choose from {', '.join(FORMATS)}")
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown:
-            raise ValueError(f"--formats: unknown {unknown}; choose from {', '.join(FORMATS)}")
+            raise ConfigError(f"--formats: unknown {unknown}; choose from {', '.join(FORMATS)}")
         check_opset(self.opset)
         if self.calib_data is not None and not Path(self.calib_data).exists():
-            raise FileNotFoundError(f"calibration data not found: {self.calib_data}")
+            raise MissingFileError(f"calibration data not found: {self.calib_data}")
         check_int8_scores(self.int8_scores)
         if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.calib_size < 1:
-            raise ValueError("--threads, --batch, --runs and --calib-size must be >= 1")
+            raise ConfigError("--threads, --batch, --runs and --calib-size must be >= 1")
         if self.warmup < 0 or self.val_images < 0:
-            raise ValueError("--warmup and --val-images must be >= 0")
+            raise ConfigError("--warmup and --val-images must be >= 0")
         if not 0 <= self.seconds <= MAX_SECONDS:  # inf never ends; nan compares false: 0
-            raise ValueError(f"--seconds must be in [0, {MAX_SECONDS}], got {self.seconds}")
+            raise ConfigError(f"--seconds must be in [0, {MAX_SECONDS}], got {self.seconds}")
         if not (math.isfinite(self.atol) and self.atol >= 0):
-            raise ValueError(f"--atol must be a finite number >= 0, got {self.atol}")
+            raise ConfigError(f"--atol must be a finite number >= 0, got {self.atol}")
         if self.model is None and (self.img_size or self.weights):
-            raise ValueError("--img-size and --weights go with --model (a checkpoint has both)")
+            raise ConfigError("--img-size and --weights go with --model (a checkpoint has both)")
         if self.model is not None and self.ema is not None:
-            raise ValueError("--ema and --no-ema choose a checkpoint's weights; --model has none")
+            raise ConfigError("--ema and --no-ema choose a checkpoint's weights; --model has none")
         if self.model is not None:
             if self.data is None:
-                raise ValueError("--model needs --data: a folder of real images to compare on")
+                raise ConfigError("--model needs --data: a folder of real images to compare on")
             if self.img_size is not None and self.img_size < 1:
-                raise ValueError(f"--img-size must be >= 1, got {self.img_size}")
-
-
-def _column(head: str, fmt: str = "{}", default: Any = None) -> Any:
-    """A table column: its Markdown header and cell format travel with the field."""
-    return field(default=default, metadata={"head": head, "fmt": fmt})
-
-
-@dataclass
-class Row:
-    """One format's line in the table (None where a measurement did not happen)."""
-
-    format: str = field(metadata={"head": "format", "fmt": "{}"})
-    status: str = _column("status", default="ok")
-    size_mb: float | None = _column("size MB", "{:.2f}")
-    peak_rss_mb: float | None = _column("peak RSS MB", "{:.0f}")
-    metric: float | None = _column("{metric}", "{:.4f}")
-    metric_delta: float | None = _column("Δ {metric}", "{:+.4f}")
-    top1_agreement: float | None = _column("top-1 agree", "{:.4f}")
-    max_abs_diff: float | None = _column("max abs diff", "{:.1e}")
-    latency_median_ms: float | None = _column("b1 median ms", "{:.2f}")
-    latency_p90_ms: float | None = _column("b1 p90 ms", "{:.2f}")
-    throughput_img_s: float | None = _column("b{batch} img/s", "{:.1f}")
-    gflops: float | None = _column("GFLOPs/img", "{:.3g}")
-    pct_of_ceiling: float | None = _column("% of peak", "{:.1f}")
-    threads: int | None = _column("threads")
-
-
-COLUMNS = tuple(f.name for f in fields(Row))
+                raise ConfigError(f"--img-size must be >= 1, got {self.img_size}")
 
 
 def time_runs(
@@ -294,7 +266,7 @@ class _Formats:
                 self.exports[opset] = e
         done = self.exports[opset]
         if isinstance(done, Exception):
-            raise RuntimeError(f"fp32 ONNX export at opset {opset} failed: {one_line(done)}")
+            raise ExportError(f"fp32 ONNX export at opset {opset} failed: {one_line(done)}")
         return done
 
     def _export(self, opset: int) -> tuple[Path, str]:
@@ -415,7 +387,8 @@ def benchmark_checkpoint(
         "fp32_top_grasp_pixels": (
             len({t[:2] for t in ref.top_grasps if t}) if ref.top_grasps is not None else None
         ),
-        "task": source.task,
+        "task": source.task.name,
+        "words": dict(source.task.table_words),
         "threads": opts.threads,
         "batch": opts.batch,
         "ceiling_gflops": {k: v / 1e9 for k, v in ceilings.items()},
@@ -436,128 +409,3 @@ def benchmark_checkpoint(
         "int8_recipes": builder.recipes,
         "rows": [asdict(r) for r in rows],
     }
-
-
-# --- tables ----------------------------------------------------------------------------------
-
-
-def markdown_table(result: dict[str, Any]) -> str:
-    """The table as Markdown, with the context a reader needs to trust the numbers below it."""
-    metric = result["metric_name"]
-    grasp = result.get("task") == "grasp"
-    columns = [c for c in COLUMNS if metric or c not in ("metric", "metric_delta")]
-    col = {f.name: f.metadata for f in fields(Row)}
-    heads = [col[c]["head"].format(metric=metric, batch=result["batch"]) for c in columns]
-    if grasp:
-        heads[columns.index("top1_agreement")] = "top grasp agree"
-    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    for r in result["rows"]:
-        cells = ["-" if r[c] is None else col[c]["fmt"].format(r[c]) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    ceil = ", ".join(f"{k} {v:.0f}" for k, v in result["ceiling_gflops"].items())
-    s = result["settings"]
-    size = "x".join(map(str, result["img_size"]))
-    outputs = "the four activated maps" if grasp else "logits"
-    if metric:
-        views = "val views cropped at the image centre (deployment)" if grasp else "val images"
-        what = (
-            f"{result['model_name']} ({result['checkpoint']}), {metric} on "
-            f"{result['val_images']} {views}"
-        )
-    else:
-        spread = (
-            f"its top grasp falls on {result['fp32_top_grasp_pixels']} distinct pixels"
-            if grasp
-            else f"its top-1 takes {result['fp32_top1_classes']} distinct classes"
-        )
-        what = (
-            f"{result['model_name']} at {size}, {result['weights']} weights: no accuracy "
-            f"column, the {result['val_images']} images ({result['images']}) are used without "
-            f"labels; agreement and max abs diff ({outputs}) are against fp32 PyTorch on them, "
-            f"where {spread}"
-        )
-        if any(r["format"] in INT8_FORMATS for r in result["rows"]) and not s["calib_data"]:
-            what += " (and int8 is calibrated on them: pass --calib-data to keep them apart)"
-    if grasp:
-        what += (
-            "; top grasp agree: the view's best grasp is on fp32 PyTorch's peak pixel with the "
-            f"angle within 30 degrees; max abs diff over {outputs}"
-        )
-    lines += [
-        "",
-        f"{what}; {result['machine']}; {result['threads']} threads.",
-        f"Timing: {s['warmup']} warmup runs per format, then the formats take turns (5 calls "
-        f"each) until each has >= {s['runs']} runs and >= {s['seconds']:g} s per format have "
-        "passed, at batch 1 and again at the throughput batch. "
-        "Δ, agreement and max abs diff are against fp32 PyTorch.",
-        "GFLOPs count 1 multiply-add as 2 FLOPs (matmul, conv, attention; torch FlopCounterMode). "
-        f"% of peak = GFLOPs/img x b{result['batch']} img/s over the measured matmul ceiling "
-        f"in GFLOP/s ({ceil}; best of {', '.join(f'{n}²' for n in s['ceiling_sizes'])}): "
-        "bf16 for the -bf16 rows, fp32 for every other row, int8 included.",
-    ]
-    if any(r["peak_rss_mb"] for r in result["rows"]):
-        lines.append(
-            "Peak RSS: a fresh process per format loads its runtime and the model and runs "
-            f"{CALLS} batch-1 passes; it includes the interpreter and the runtime's libraries "
-            "(torch rows import torch, onnxruntime rows only onnxruntime and numpy)."
-        )
-    if any(r["threads"] and r["threads"] > 1 for r in result["rows"]):
-        lines.append(
-            "onnxruntime sessions spin their worker threads within a run and stop when it "
-            "returns (session.force_spinning_stop), as `ort_session` sets up for deployment: "
-            "fast op-to-op hand-offs, and no spinning threads taking the cores from the next "
-            "format in the interleaved rounds."
-        )
-    if any(r["format"].startswith("onnx") for r in result["rows"]):
-        lines.append(
-            "onnxruntime sessions flush denormals to zero (session.set_denormal_as_zero), as "
-            "`ort_session` sets up for deployment: a trained model's activations underflow, and "
-            "x86 CPUs compute denormals many times slower."
-        )
-    for fmt, r in result.get("int8_recipes", {}).items():
-        alpha, kept = r["smoothquant_alpha"], r["fp32_matmuls"]
-        how = [
-            f"SmoothQuant alpha {alpha:g} (the one nearest fp32 on the calibration images)"
-            if alpha
-            else "no SmoothQuant"
-        ]
-        if kept:
-            how.append(f"{kept} attention-score projections kept fp32")
-        lines.append(f"{fmt}: {', '.join(how)}.")
-    if result.get("bf16_note"):
-        lines.append(f"torch-bf16: {result['bf16_note']}; the fp32 torch row is the one to use.")
-    over = [
-        r["format"]
-        for r in result["rows"]
-        if "int8" not in r["format"] and (r["pct_of_ceiling"] or 0) > 100
-    ]
-    if over:
-        lines.append(
-            f"Above 100% of the ceiling ({', '.join(over)}): the ceiling is PyTorch's own "
-            "matmul, which a runtime with faster kernels for this CPU can beat; a ceiling run "
-            "slowed by other work on the machine would also read low."
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_tables(result: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """Write ``benchmark.{md,csv,json}`` into ``out_dir``, each through a temp file + rename."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_buf = io.StringIO()
-    writer = csv.DictWriter(csv_buf, fieldnames=list(COLUMNS), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(result["rows"])
-    texts = {
-        "benchmark.md": markdown_table(result),
-        "benchmark.csv": csv_buf.getvalue(),
-        "benchmark.json": json.dumps(result, indent=2) + "\n",
-    }
-    paths = []
-    for name, text in texts.items():
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out / name)
-        paths.append(out / name)
-    return paths

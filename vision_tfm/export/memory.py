@@ -36,9 +36,11 @@ def peak_rss_mb(
         threads: Intra-op threads, as in the timed runs.
 
     Raises:
-        RuntimeError: The child failed; its last stderr line says why.
+        ExportError: The child failed; its last stderr line says why.
     """
     import numpy as np
+
+    from ..errors import ExportError  # here, not above: the child runs this file as a script
 
     # the child must import this vision_tfm (a pickled module names its classes), not another
     root = str(Path(__file__).resolve().parents[2])
@@ -56,7 +58,7 @@ def peak_rss_mb(
         )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"memory child ({kind}) failed: {last}")
+        raise ExportError(f"memory child ({kind}) failed: {last}")
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -103,7 +105,7 @@ def _run(spec: dict[str, Any]) -> float:
             for _ in range(CALLS):
                 model(t)
     else:
-        raise ValueError(f"unknown runtime kind {kind!r}")
+        sys.exit(f"unknown runtime kind {kind!r}")  # the parent reports the last line
     return _peak_rss_bytes() / 1e6
 
 

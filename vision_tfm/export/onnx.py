@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError, InputError, VisionTfmError
 from ..layers.attention import Attention
 from .source import INPUT_NAME, ExportSource, Runner, max_abs_diff
 
@@ -40,7 +41,7 @@ ORT_SESSION_CONFIG = {
     "session.force_spinning_stop": "1",  # after it: idle workers park, the cores are free
     # a trained model's peaked softmax and saturated activations underflow to denormals,
     # which x86 computes in microcode: a trained grasp model ran several times slower without
-    # it (the log: benchmarks/results/export.md).
+    # it (the log: docs/results/export.md).
     # It applies to the pool's threads; the calling thread flushes in `denormals_flushed`.
     "session.set_denormal_as_zero": "1",
 }
@@ -66,7 +67,7 @@ def denormals_flushed() -> Iterator[None]:
             torch.set_flush_denormal(False)
 
 
-class ParityError(ValueError):
+class ParityError(VisionTfmError, ValueError):
     """ONNX Runtime and PyTorch disagree by more than the tolerance."""
 
 
@@ -75,14 +76,14 @@ def parse_dynamic(spec: str) -> frozenset[str]:
     axes = {a.strip() for a in spec.split(",") if a.strip()} - {"none"}
     unknown = sorted(axes - set(DYNAMIC_AXES))
     if unknown:
-        raise ValueError(f"--dynamic: unknown axes {unknown}; use batch, hw, batch,hw or none")
+        raise ConfigError(f"--dynamic: unknown axes {unknown}; use batch, hw, batch,hw or none")
     return frozenset(axes)
 
 
 def check_opset(opset: int) -> None:
     """The torch.export-based exporter starts at opset 18; onnxruntime stops at ``MAX_OPSET``."""
     if not DEFAULT_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(
+        raise ConfigError(
             f"unsupported opset {opset}: the exporter and onnxruntime support "
             f"{DEFAULT_OPSET}..{MAX_OPSET} (SDPA becomes the Attention op at >= {ATTENTION_OPSET})"
         )
@@ -97,7 +98,7 @@ def export_attention(model: nn.Module, example: torch.Tensor, mode: str = "auto"
     ``"explicit"``, ``"mixed"`` or ``"none"`` for the metadata.
     """
     if mode not in ATTENTION_MODES:
-        raise ValueError(f"attention mode {mode!r} is unknown; expected one of {ATTENTION_MODES}")
+        raise ConfigError(f"attention mode {mode!r} is unknown; expected one of {ATTENTION_MODES}")
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     prev = [m.fused for m in layers]
     if mode == "auto":
@@ -166,7 +167,7 @@ def export_onnx(
                 verbose=False,
             )
     except Exception as e:
-        raise ValueError(f"torch.onnx.export failed: {one_line(e)}") from None
+        raise InputError(f"torch.onnx.export failed: {one_line(e)}") from None
     graph = prog.model.graph
     shape = graph.inputs[0].shape
     axis_names = {0: "batch", 2: "height", 3: "width"}
@@ -217,7 +218,7 @@ def _name_outputs(graph: Any, names: Sequence[str]) -> None:
     internally would get two values named ``cos``, which ONNX rejects.
     """
     if len(graph.outputs) != len(names):
-        raise ValueError(f"the model has {len(graph.outputs)} outputs, expected {list(names)}")
+        raise InputError(f"the model has {len(graph.outputs)} outputs, expected {list(names)}")
     taken = {v.name: v for v in graph.inputs}
     taken.update(graph.initializers)
     taken.update((v.name, v) for node in graph for v in node.outputs)

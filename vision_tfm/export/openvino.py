@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError, DependencyError
 from .source import Runner
 
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our name -> OpenVINO's hint value
@@ -23,7 +24,7 @@ def _openvino() -> Any:
     try:
         import openvino
     except ImportError:
-        raise RuntimeError(
+        raise DependencyError(
             "openvino is not installed; pip install -e '.[openvino]' to benchmark it"
         ) from None
     return openvino
@@ -33,7 +34,7 @@ def openvino_version() -> str | None:
     """The installed OpenVINO's version, or None without it."""
     try:
         return _openvino().__version__
-    except RuntimeError:
+    except DependencyError:
         return None
 
 
@@ -46,7 +47,7 @@ def openvino_runner(path: str | Path, threads: int, precision: str = "fp32") -> 
         precision: ``"fp32"`` (parity with PyTorch) or ``"bf16"``.
     """
     if precision not in OV_PRECISIONS:
-        raise ValueError(f"OpenVINO precision {precision!r} is unknown; expected fp32 or bf16")
+        raise ConfigError(f"OpenVINO precision {precision!r} is unknown; expected fp32 or bf16")
     ov = _openvino()
     config = {
         "INFERENCE_PRECISION_HINT": OV_PRECISIONS[precision],

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError, MissingFileError, OutputExistsError
+from ..io import check_writable_dir
 from ..models.convert import check_checkpoint_path
-from ..train.rundir import check_writable_dir
 from .onnx import (
     DEFAULT_OPSET,
     ParityError,
@@ -74,7 +75,7 @@ def refuse_existing(paths: list[Path], overwrite: bool) -> None:
     """Fail before any work if an output exists and overwriting was not asked for."""
     existing = [p for p in paths if p.exists()]
     if existing and not overwrite:
-        raise FileExistsError(f"{existing[0]} exists; pass --overwrite to replace it")
+        raise OutputExistsError(f"{existing[0]} exists; pass --overwrite to replace it")
 
 
 def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[Path, list[Path]]:
@@ -84,11 +85,11 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
     parse_dynamic(opts.dynamic)
     bad = sorted(set(opts.int8) - set(INT8_MODES))
     if bad:
-        raise ValueError(f"--int8: unknown mode(s) {bad}; expected {', '.join(INT8_MODES)}")
+        raise ConfigError(f"--int8: unknown mode(s) {bad}; expected {', '.join(INT8_MODES)}")
     if "openvino" in opts.int8 and openvino_version() is None:
-        raise ValueError("--int8 openvino needs openvino: pip install -e '.[openvino]'")
+        raise ConfigError("--int8 openvino needs openvino: pip install -e '.[openvino]'")
     if opts.calib_data is not None and not Path(opts.calib_data).exists():
-        raise FileNotFoundError(f"calibration data not found: {opts.calib_data}")
+        raise MissingFileError(f"calibration data not found: {opts.calib_data}")
     check_int8_scores(opts.int8_scores)
     for name, value, least in (
         ("--calib-size", opts.calib_size, 1),
@@ -96,14 +97,14 @@ def _check_options(opts: ExportOptions, checkpoint: str | os.PathLike) -> tuple[
         ("--val-images", opts.val_images, 0),
     ):
         if value < least:
-            raise ValueError(f"{name} must be >= {least}, got {value}")
+            raise ConfigError(f"{name} must be >= {least}, got {value}")
     out = Path(opts.out) if opts.out else Path(checkpoint).parent / "model.onnx"
     if out.suffix != ".onnx":
-        raise ValueError(f"--out must end in .onnx, got {out}")
+        raise ConfigError(f"--out must end in .onnx, got {out}")
     planned = export_files(out, opts.int8)
     for p in planned:
         if p.is_dir():
-            raise ValueError(f"--out: {p} is a folder; give the .onnx file path")
+            raise ConfigError(f"--out: {p} is a folder; give the .onnx file path")
     refuse_existing(planned, opts.overwrite)
     check_writable_dir(out.parent, "--out")
     return out, planned
@@ -136,8 +137,9 @@ def export_checkpoint(
     if opts.int8:  # before the export: bad calibration data fails fast
         calib = calibration_images(source, opts.calib_data, opts.calib_size)
     size = tuple(opts.img_size or source.img_size)
-    if source.task == "grasp" and size != source.img_size and opts.int8:
-        raise ValueError("grasp maps are scored at the training size; drop --img-size for int8")
+    if source.task.scores_at_train_size and size != source.img_size and opts.int8:
+        what = source.task.title
+        raise ConfigError(f"{what} maps are scored at the training size; drop --img-size for int8")
     model = source.model
     inputs = parity_inputs(source, size, dynamic, opts.parity_images)
     example = inputs[0][:2]  # parity_inputs puts a batch at the export size first

@@ -40,6 +40,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
+from ..errors import ConfigError, DataError
 from .onnx import ort_session
 from .smoothing import channel_ranges, smooth_onnx
 from .source import INPUT_NAME, ExportSource
@@ -245,13 +246,13 @@ def quantize_int8(
         The alpha used and how many MatMuls stayed fp32.
     """
     if mode not in INT8_MODES:
-        raise ValueError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
+        raise ConfigError(f"int8 mode {mode!r} is unknown; expected one of {INT8_MODES}")
     if calib is None or len(calib) == 0:
-        raise ValueError(f"{mode} int8 needs calibration images")
+        raise ConfigError(f"{mode} int8 needs calibration images")
     smooth = RECIPES[mode]["smooth"] if smooth is None else smooth
     scores_fp32 = RECIPES[mode]["scores_fp32"] if scores_fp32 is None else scores_fp32
     if smooth != "auto" and not (isinstance(smooth, int | float) and 0 <= smooth <= 1):
-        raise ValueError(f"SmoothQuant alpha must be 'auto' or in [0, 1], got {smooth!r}")
+        raise ConfigError(f"SmoothQuant alpha must be 'auto' or in [0, 1], got {smooth!r}")
     fp32_path, out_path = Path(fp32_path).resolve(), Path(out_path).resolve()
     with tempfile.TemporaryDirectory() as tmp, _quiet(), _inside(tmp):
         pre = Path(tmp) / "pre.onnx"
@@ -334,7 +335,7 @@ def _quantize(
 def check_int8_scores(value: str) -> None:
     """``--int8-scores`` is one of ``SCORES``."""
     if value not in SCORES:
-        raise ValueError(f"--int8-scores must be one of {', '.join(SCORES)}, got {value!r}")
+        raise ConfigError(f"--int8-scores must be one of {', '.join(SCORES)}, got {value!r}")
 
 
 # --- calibration images ------------------------------------------------------------------------
@@ -357,6 +358,6 @@ def calibration_images(
     else:
         ds = source.folder_dataset(Path(calib_data), "calibration images")
     if len(ds) == 0:
-        raise ValueError("the calibration data holds no images")
+        raise DataError("the calibration data holds no images")
     idx = np.sort(np.random.default_rng(seed).permutation(len(ds))[:n])
     return torch.stack([ds[int(i)][0] for i in idx])

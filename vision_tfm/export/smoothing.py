@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..errors import DataError, ExportError
+
 SMOOTH_ALPHA = 0.5  # the paper's default migration strength
 
 
@@ -252,7 +254,7 @@ def channel_ranges(model: onnx.ModelProto, calib: Iterable[dict[str, np.ndarray]
             a = np.abs(x).reshape(-1, x.shape[-1]).max(0)
             amax[t] = np.maximum(amax[t], a) if t in amax else a
     if first is None:
-        raise ValueError("SmoothQuant needs at least one calibration batch")
+        raise DataError("SmoothQuant needs at least one calibration batch")
     return ChannelRanges(amax, *first)
 
 
@@ -288,5 +290,5 @@ def smooth_onnx(
     for name, a, b in zip(outputs, ranges.reference, after, strict=True):
         drift = float(np.abs(a - b).max())
         if drift > 1e-3 * (1 + float(np.abs(a).max())):
-            raise RuntimeError(f"SmoothQuant changed fp32 output {name!r} by {drift:.2e}")
+            raise ExportError(f"SmoothQuant changed fp32 output {name!r} by {drift:.2e}")
     return len(norms)

@@ -1,4 +1,8 @@
-"""Grasp rectangles, dense-map encoding and decoding, the rectangle metric, and inference."""
+"""Grasp rectangles, dense-map encoding and decoding, and the rectangle metric.
+
+No model, no data loading, no training: inference on a trained model is the grasp task's
+(:mod:`vision_tfm.tasks.grasp`).
+"""
 
 from vision_tfm.grasp.maps import (
     MAP_ACTIVATIONS,
@@ -19,13 +23,6 @@ from vision_tfm.grasp.metric import (
     grasp_correct,
     grasp_matches,
 )
-from vision_tfm.grasp.predict import (
-    GraspMaps,
-    draw_grasps,
-    flip_averaged,
-    grasp_maps,
-    predict_grasps,
-)
 from vision_tfm.grasp.rect import (
     Grasp,
     corners_to_params,
@@ -45,7 +42,6 @@ __all__ = [
     "MAP_KEYS",
     "WIDTH_SCALE",
     "Grasp",
-    "GraspMaps",
     "activate_grasp_maps",
     "activate_stacked",
     "angle_difference",
@@ -53,18 +49,14 @@ __all__ = [
     "batch_grasp_correct",
     "corners_to_params",
     "decode_grasps",
-    "draw_grasps",
     "encode_grasp_maps",
-    "flip_averaged",
     "grasp_axes",
     "grasp_correct",
-    "grasp_maps",
     "grasp_matches",
     "params_to_corners",
     "polygon_area",
     "polygon_intersection",
     "polygon_iou",
-    "predict_grasps",
     "rotate_points",
     "split_maps",
     "wrap_angle",

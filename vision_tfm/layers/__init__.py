@@ -8,13 +8,9 @@ from timm.layers import DropPath, LayerScale, drop_path
 
 from .attention import (
     ATTN_TYPES,
-    FEATURE_MAPS,
     Attention,
-    FeatureMap,
     explicit_attention,
-    fast_weight_attention,
     fused_attn,
-    linear_attention,
     merge_bias_and_mask,
     sdpa_attention,
     set_fused_attn,
@@ -31,6 +27,7 @@ from .block import (
     run_blocks,
 )
 from .cache import TensorCache
+from .linear_attention import FEATURE_MAPS, FeatureMap, fast_weight_attention, linear_attention
 from .mlp import Mlp, SwiGLU, get_mlp_layer
 from .norm import LayerNorm, LayerNorm2d, RMSNorm, get_norm_layer
 from .patch_embed import PatchEmbed, check_image

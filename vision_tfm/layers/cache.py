@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
+
 
 def tracing() -> bool:
     """Whether a graph is being captured (torch.compile, torch.export, the TorchScript tracer).
@@ -32,7 +34,7 @@ class TensorCache:
 
     def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+            raise ConfigError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
 

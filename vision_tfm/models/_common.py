@@ -12,7 +12,7 @@ from torch import nn
 
 from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, Range, check_ranges
 from ..errors import InputError, InputTypeError
-from ..layers.attention import ATTN_TYPES, FEATURE_MAPS, Attention
+from ..layers import ATTN_TYPES, FEATURE_MAPS, Attention
 
 RATE = Range(0, 1, hi_open=True)  # a dropout / drop-path probability
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import AT_LEAST_ONE, NON_NEGATIVE, ConfigError, Range
@@ -43,62 +42,13 @@ from ._common import (
     select_indices,
 )
 from .base import LinearHeadModel, VisionModel, check_output_fmt
+from .convs import UpStage, conv_stage
 from .registry import register_model
 
 POS_EMBEDS = ("sincos", "rope", "none")
 # fx leaf functions: they branch on the input size, which torch.fx.symbolic_trace does not know
 for _fn in ("pad_to_multiple", "rope_2d", "sincos_2d"):
     torch.fx.wrap(_fn)
-
-
-# --- conv building blocks --------------------------------------------------------------------
-
-
-class ConvNormAct(nn.Module):
-    """Conv -> BatchNorm -> GELU; BN rather than LayerNorm because it folds into the conv.
-
-    Not torchvision's ``Conv2dNormActivation``: its numbered keys would rename the ``conv`` /
-    ``bn`` weights of every trained grasp checkpoint."""
-
-    def __init__(self, in_chs: int, out_chs: int, kernel_size: int = 3, stride: int = 1) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(
-            in_chs, out_chs, kernel_size, stride, padding=kernel_size // 2, bias=False
-        )
-        self.bn = nn.BatchNorm2d(out_chs)
-        self.act = nn.GELU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(self.conv(x)))
-
-
-class DwResBlock(nn.Module):
-    """``x + pw2(act(pw1(bn(dw3x3(x)))))``: ConvNeXt's block shape with a 3x3 kernel and BN.
-
-    The depthwise conv mixes space at a cost linear in width; the pointwise pair mixes channels.
-    """
-
-    def __init__(self, dim: int, expand: float = 2.0) -> None:
-        super().__init__()
-        hidden = int(dim * expand)
-        self.conv_dw = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, bias=False)
-        self.bn = nn.BatchNorm2d(dim)
-        self.pw1 = nn.Conv2d(dim, hidden, 1)
-        self.act = nn.GELU()
-        self.pw2 = nn.Conv2d(hidden, dim, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.pw2(self.act(self.pw1(self.bn(self.conv_dw(x)))))
-
-    def extra_repr(self) -> str:
-        return f"dim={self.conv_dw.in_channels}, hidden={self.pw1.out_channels}"
-
-
-def conv_stage(in_chs: int, out_chs: int, stride: int, depth: int) -> nn.Sequential:
-    """One resolution level: a (strided) 3x3 conv, then ``depth`` depthwise-residual blocks."""
-    return nn.Sequential(
-        ConvNormAct(in_chs, out_chs, 3, stride), *(DwResBlock(out_chs) for _ in range(depth))
-    )
 
 
 # --- the shared trunk ------------------------------------------------------------------------
@@ -358,22 +308,6 @@ class GraspHybridConfig(HybridTrunkConfig):
     RANGES: ClassVar[dict[str, Range]] = {**HybridTrunkConfig.RANGES, "dec_depth": NON_NEGATIVE}
 
 
-class UpStage(nn.Module):
-    """Narrow with a 1x1 conv, upsample x2 (bilinear), add the stem skip, refine.
-
-    Narrowing first keeps the upsampling and the high-resolution work cheap.
-    """
-
-    def __init__(self, in_chs: int, out_chs: int, depth: int) -> None:
-        super().__init__()
-        self.reduce = ConvNormAct(in_chs, out_chs, kernel_size=1)
-        self.blocks = nn.Sequential(*(DwResBlock(out_chs) for _ in range(depth)))
-
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(self.reduce(x), skip.shape[-2:], mode="bilinear", align_corners=False)
-        return self.blocks(x + skip)  # (B, C_skip, H_skip, W_skip)
-
-
 class GraspHybrid(_HybridModel):
     """Trunk plus a U-Net decoder: ``forward`` returns full-resolution grasp maps.
 
@@ -413,7 +347,7 @@ class GraspHybrid(_HybridModel):
     def forward_maps(self, x: torch.Tensor) -> torch.Tensor:
         """Image -> the four logit maps stacked, ``(B, 4, H, W)`` in ``MAP_KEYS`` order.
 
-        What export reads (:class:`vision_tfm.grasp.GraspMaps`): one map tensor activates
+        What export reads (:class:`vision_tfm.tasks.grasp.GraspMaps`): one map tensor activates
         and leaves the graph in one piece, where four one-channel maps cost a runtime a
         layout pass each."""
         self._check(x)

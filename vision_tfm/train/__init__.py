@@ -1,24 +1,18 @@
-"""The training engine (one loop for every task) and the classification task."""
+"""The training loop, shared by every task, and what surrounds it: run dirs, exact resume,
+Ctrl-C, cross-validation and the scripts' command line."""
 
-from .checkpoint import atomic_save, load_checkpoint
-from .classification import ClassificationTask, ClsConfig, build_cls_model
-from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig, load_config
-from .engine import NonFiniteLossError, Task, Trainer, make_run_dir
+from .cv import cross_validate
+from .engine import Trainer
+from .optim import build_optimizer, build_scheduler
+from .rundir import make_run_dir
+from .stops import Interrupted, NonFiniteLossError
 
 __all__ = [
-    "ClassificationTask",
-    "ClsConfig",
-    "EmaConfig",
-    "ModelConfig",
+    "Interrupted",
     "NonFiniteLossError",
-    "OptimConfig",
-    "RunConfig",
-    "SchedConfig",
-    "Task",
     "Trainer",
-    "atomic_save",
-    "build_cls_model",
-    "load_checkpoint",
-    "load_config",
+    "build_optimizer",
+    "build_scheduler",
+    "cross_validate",
     "make_run_dir",
 ]

@@ -8,11 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
 from ..errors import VisionTfmError
-from .checkpoint import TASKS, load_checkpoint
-from .config import load_config
-from .engine import NonFiniteLossError
+from ..io import load_checkpoint
+from ..tasks import TASKS, Task
+from ..tasks.config import load_config
+from .stops import Interrupted, NonFiniteLossError
 
 T = TypeVar("T")
 
@@ -39,18 +42,18 @@ def resolve_config(
     recipe_suffix: str,
     extra: dict[str, Any] | None = None,
     *,
-    task: str,
+    task: type[Task],
 ) -> T:
     """Defaults <- (checkpoint config | recipe YAML | --config) <- flags <- overrides.
 
     ``--model vit`` picks ``<config_dir>/vit<recipe_suffix>.yaml`` when it exists;
-    any other name is taken as a registered model. ``task`` (a key of ``TASKS``) is what
-    the calling script trains; a checkpoint of another task is refused.
+    any other name is taken as a registered model. ``task`` is what the calling script
+    trains; a checkpoint of another task is refused.
     """
     if args.eval_only and not args.resume:
-        raise ValueError("--eval-only needs --resume CHECKPOINT (it would score random weights)")
+        raise ConfigError("--eval-only needs --resume CHECKPOINT (it would score random weights)")
     if args.resume and args.config:
-        raise ValueError(
+        raise ConfigError(
             "--config cannot be combined with --resume: a resumed run keeps its checkpoint's "
             "config (change single keys with key=value)"
         )
@@ -70,17 +73,17 @@ def resolve_config(
     over.update(parse_cli_overrides(args.overrides))
     if args.resume:
         if "run.out_dir" in over:
-            raise ValueError(
+            raise ConfigError(
                 "--out-dir (run.out_dir) cannot be combined with --resume: the run continues "
                 "in its checkpoint's run dir, or in a new one beside it"
             )
         over.setdefault("run.stop_after", 0)  # a per-invocation limit, not part of the recipe
         ckpt = load_checkpoint(args.resume)
-        kind = ckpt["meta"].get("task") if isinstance(ckpt["meta"], dict) else None
-        if kind != task and kind in TASKS:
-            raise ValueError(
-                f"{args.resume} is a {TASKS[kind][0]} checkpoint; use {TASKS[kind][1]} "
-                f"(this script trains {TASKS[task][0]} models)"
+        other = TASKS.get(ckpt["meta"].get("task"))
+        if other is not None and other is not task:
+            raise ConfigError(
+                f"{args.resume} is a {other.title} checkpoint; use {other.script} "
+                f"(this script trains {task.title} models)"
             )
         try:
             base = apply_overrides(default, ckpt["config"])
@@ -88,11 +91,9 @@ def resolve_config(
             raise ConfigError(f"{args.resume}: the checkpoint's config: {e}") from None
         # another model.name is refused by the Trainer, which checks every resume
         if args.model and "model.name" not in over:  # a recipe alias: check it names this model
-            import yaml
-
             name = (yaml.safe_load(recipe.read_text()) or {}).get("model", {}).get("name")
             if name and name != base.model.name:
-                raise ValueError(
+                raise ConfigError(
                     f"{args.resume} holds a {base.model.name!r} checkpoint, but --model "
                     f"{args.model} is the {name!r} recipe"
                 )
@@ -101,15 +102,15 @@ def resolve_config(
 
 
 def run_cli(main: Callable[[], Any]) -> None:
-    """Run a script's main; expected failures print one line and exit non-zero."""
+    """Run a script's main; expected failures print one line and exit non-zero: 2 for bad
+    input, 3 for a run whose loss went non-finite, 130 for Ctrl-C (after its checkpoint)."""
     try:
         main()
-    except (
-        ValueError,
-        FileNotFoundError,
-        NotADirectoryError,
-        IsADirectoryError,
-        VisionTfmError,
-    ) as e:
+    except Interrupted:
+        sys.exit(130)
+    except VisionTfmError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3 if isinstance(e, NonFiniteLossError) else 2)
+    except (OSError, ValueError) as e:  # from a library, on the machine or the input
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

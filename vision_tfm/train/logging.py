@@ -5,17 +5,20 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
-from collections.abc import Sequence
+import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from tqdm import tqdm
 
 
 class MetricLogger:
     """Append one row per epoch to ``metrics.csv``; mirror scalars to TensorBoard."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    def __init__(
+        self, run_dir: Path, tensorboard: bool = True, inherited: list[dict] | None = None
+    ) -> None:
+        """``inherited``: epoch rows written first (a run forked from another's checkpoint)."""
         self.csv_path = run_dir / "metrics.csv"
         self.steps_path = run_dir / "steps.csv"
         self.tb = None
@@ -24,6 +27,8 @@ class MetricLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+        for row in inherited or ():
+            self.epoch(row)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.tb is not None:
@@ -73,53 +78,29 @@ class MetricLogger:
             self.tb.close()
 
 
-def _pyplot():
-    import matplotlib
+class Progress:
+    """One epoch's progress bar (rank 0, and only on a terminal) and its per-step log rows."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def __init__(
+        self, logger: MetricLogger | None, epoch: int, total: int, done: int, seen: int
+    ) -> None:
+        self.logger, self.t0, self.seen0 = logger, time.perf_counter(), seen
+        self.bar = tqdm(
+            initial=done,
+            total=total,
+            desc=f"epoch {epoch}",
+            leave=False,
+            dynamic_ncols=True,
+            disable=None if logger is not None else True,
+        )
 
-    return plt
+    def update(self, step: int, loss: float, lr: float, seen: int, logged: bool) -> None:
+        """One micro-batch done; ``logged``: also show and write its loss (rank 0)."""
+        if logged and self.logger is not None:
+            ips = (seen - self.seen0) / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}")
+            self.logger.step(step, loss, lr)
+        self.bar.update(1)
 
-
-def plot_curves(history: Sequence[dict[str, Any]], path: Path, metric_keys: Sequence[str]) -> None:
-    """Loss (left) and validation metrics (right) per epoch."""
-    plt = _pyplot()
-    epochs = [h["epoch"] for h in history]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(epochs, [h["train_loss"] for h in history], marker="o")
-    a.set(xlabel="epoch", ylabel="train loss", title="loss")
-    for k in metric_keys:
-        if all(k in h for h in history):
-            b.plot(epochs, [h[k] for h in history], marker="o", label=k)
-    b.set(xlabel="epoch", ylabel="metric", title="validation")
-    b.legend()
-    b.grid(alpha=0.3)
-    a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_confusion(cm: np.ndarray, class_names: Sequence[str], path: Path) -> None:
-    """Row-normalised confusion matrix (rows: true class) with counts in the cells."""
-    plt = _pyplot()
-    n = len(class_names)
-    norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
-    size = max(4.0, min(0.5 * n + 2, 20.0))
-    fig, ax = plt.subplots(figsize=(size, size))
-    ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
-    if n <= 30:
-        ax.set_xticks(range(n), class_names, rotation=90)
-        ax.set_yticks(range(n), class_names)
-        for i in range(n):
-            for j in range(n):
-                if cm[i, j]:
-                    color = "white" if norm[i, j] > 0.5 else "black"
-                    ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=7, color=color)
-    ax.set(
-        xlabel="predicted", ylabel="true", title=f"confusion (acc {np.trace(cm) / cm.sum():.4f})"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    def close(self) -> None:
+        self.bar.close()

@@ -1,6 +1,6 @@
 """Run directories: who may write where, one writer at a time, checked before any work.
 
-Rules (the README's "Safety and failure behaviour" repeats them):
+Rules (docs/safety.md repeats them):
 
 * A run dir is a folder this package created (:func:`make_run_dir`); a marker file
   (:data:`RUN_MARKER`) says so. Resuming continues in place only there, and only when neither
@@ -14,13 +14,16 @@ Rules (the README's "Safety and failure behaviour" repeats them):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunDirError
+from ..io import _unwritable, atomic_save, load_checkpoint
 
 try:
     import fcntl
@@ -60,25 +63,6 @@ def is_own_run_dir(path: Path) -> bool:
     if path.is_symlink() or marker.is_symlink() or not marker.is_file():
         return False
     return not any((path / name).is_symlink() for name in RUN_OUTPUTS)
-
-
-def _unwritable(path: Path, what: str, e: OSError) -> RunDirError:
-    return RunDirError(f"{what}: cannot write in {path} ({e.strerror or type(e).__name__})")
-
-
-def check_writable_dir(path: str | os.PathLike, what: str) -> None:
-    """Prove, before any work, that a file can be written in ``path`` (or its nearest existing
-    parent, where it will be created), leaving nothing behind; else a one-line
-    :class:`RunDirError` naming ``what`` (a flag or config key) and the folder."""
-    path = Path(path)
-    probe = next(p for p in (path, *path.absolute().parents) if p.exists())
-    if not probe.is_dir():
-        raise RunDirError(f"{what}: cannot create {path}: {probe} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as e:
-        raise _unwritable(probe, what, e) from None
 
 
 def remove_stale_temps(path: Path) -> None:
@@ -128,3 +112,106 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def file_id(path: Path) -> tuple[int, int, int]:
+    """Changes when a file is replaced (atomic_save) or rewritten."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def resumes_newest(resume: Path, resume_id: tuple | None, state: dict[str, Any]) -> bool:
+    """Whether the resumed checkpoint is its run dir's newest state (its last.pt, or a copy).
+
+    Continuing in place from anything older (a best.pt behind last.pt) would overwrite
+    last.pt with another lineage and repeat epochs in metrics.csv.
+    """
+    last = resume.parent / "last.pt"
+    if resume.name == last.name:  # unless another run has replaced it since
+        with contextlib.suppress(OSError):
+            return file_id(last) == resume_id
+        return False
+    try:
+        return load_checkpoint(last, resume=True)["state"] == state
+    except (OSError, ValueError):  # no (readable) last.pt: nothing to continue there
+        return False
+
+
+class RunDirs:
+    """Where a run writes, chosen once on rank 0: a new run dir, the resumed one (locked), or
+    a fork beside it when writing there would lose something (the rules: module docstring)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.lock: RunLock | None = None
+
+    def take(self, path: Path) -> Path:
+        """Hold ``path`` against a second writer and clear temps a killed write left."""
+        self.release()
+        self.lock = RunLock(path).acquire()
+        remove_stale_temps(path)
+        return path
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def fork(self, resume: Path, parent: Path, name: str, why: str, best: dict | None) -> Path:
+        """A new run dir under ``parent``; the resumed checkpoint's folder is left as it is.
+        ``best``: the resumed checkpoint, when its epoch is the best of its lineage so far."""
+        new = make_run_dir(parent, name)
+        if best is not None:
+            atomic_save(best, new / "best.pt")
+        self.say(
+            f"{resume} {why}; continuing in a new run dir {new} and leaving {resume.parent} "
+            "as it is"
+        )
+        return self.take(new)
+
+    def resume_in(
+        self,
+        resume: Path,
+        resume_id: tuple | None,
+        ckpt: dict,
+        out_dir: str,
+        name: str,
+        best: dict | None,
+    ) -> tuple[Path, bool]:
+        """The run dir a resume continues in, and whether it is a new one."""
+        here = resume.parent
+        if not is_own_run_dir(here):  # a user's folder: never write there
+            why = "is not in a run dir vision_tfm made"
+            return self.fork(resume, Path(out_dir), name, why, best), True
+        state = ckpt["state"]
+        if resumes_newest(resume, resume_id, state):  # lock, then look again: it may have
+            self.take(here)  # moved on while we waited
+            if resumes_newest(resume, resume_id, state):
+                return here, False
+            self.release()
+        # a folder we only read is left byte for byte as it was
+        why = "is not the newest state of its run dir"
+        return self.fork(resume, here.parent, name, why, best), True
+
+    def new(self, out_dir: str, name: str, path: Path | None = None) -> Path:
+        """A fresh run dir: ``path`` when given (it must not exist yet), else a timestamped one."""
+        if path is None:
+            return self.take(make_run_dir(out_dir, name))
+        path.mkdir(parents=True, exist_ok=False)
+        mark_run_dir(path)
+        return self.take(path)
+
+    def choose(
+        self,
+        out_dir: str,
+        name: str,
+        run_dir: Path | None,
+        resume: Path | None,
+        resume_id: tuple | None = None,
+        ckpt: dict | None = None,
+        best: dict | None = None,
+    ) -> tuple[Path, bool]:
+        """The run dir to write (locked), and whether it is a fork of the resumed one."""
+        if resume is None:
+            return self.new(out_dir, name, run_dir), False
+        return self.resume_in(resume, resume_id, ckpt, out_dir, name, best)

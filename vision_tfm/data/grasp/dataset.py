@@ -4,7 +4,7 @@ One item: load RGB and/or depth, cut a ``crop_size`` square and resize it to ``o
 (depth holes filled, mean subtracted, clipped: :mod:`.images`), optionally augment
 (:class:`GraspAugment`), then encode the rectangles into ``quality, cos, sin, width`` maps
 (:mod:`vision_tfm.grasp.maps`). The crop sits at the image ``"centre"``, as deployment
-(:func:`vision_tfm.grasp.predict_grasps`) sees it, or on the mean of the view's ``"grasps"``
+(:func:`vision_tfm.tasks.grasp.predict_grasps`) sees it, or on the mean of the view's ``"grasps"``
 (GG-CNN's Cornell protocol: it uses the labels, so training and the paper figure only).
 """
 

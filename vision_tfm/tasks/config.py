@@ -1,4 +1,4 @@
-"""Training configs: typed dataclasses are the single source of truth.
+"""The config sections every task shares: typed dataclasses are the single source of truth.
 
 A YAML file in ``configs/`` lists only what differs from these defaults; CLI ``key.sub=value``
 overrides come last. Unknown keys and wrong types fail in one line naming the key (see
@@ -27,6 +27,7 @@ from ..config import (
     apply_overrides,
     config_to_dict,
 )
+from ..errors import MissingFileError
 
 T = TypeVar("T")
 
@@ -209,7 +210,7 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
     if path:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"config file not found: {p}")
+            raise MissingFileError(f"config file not found: {p}")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
@@ -226,13 +227,6 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
     """Write the fully resolved config as YAML (what actually ran, not what was asked)."""
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-
-
-def grasp_models() -> list[str]:
-    """Registered models that predict grasp maps (``train_grasp.py``); the rest classify."""
-    from ..models import get_model_entry, list_models
-
-    return [n for n in list_models() if getattr(get_model_entry(n).cls, "task", "cls") == "grasp"]
 
 
 def config_hash(cfg: Any) -> str:

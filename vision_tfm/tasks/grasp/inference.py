@@ -1,8 +1,4 @@
-"""Single-view inference on a raw image, and drawing grasps.
-
-The view is cropped exactly as validation crops it (:func:`vision_tfm.data.grasp.crop_box` at
-the image centre), so the figure a run reports is the one this path gets.
-"""
+"""A grasp model's maps as a runtime sees them, the flip average, and drawing grasps."""
 
 from __future__ import annotations
 
@@ -13,18 +9,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from vision_tfm.grasp.maps import (
-    MAP_KEYS,
-    activate_grasp_maps,
-    activate_stacked,
-    decode_grasps,
-)
-from vision_tfm.grasp.rect import Grasp
+from ...constants import MAP_KEYS
+from ...grasp import Grasp, activate_grasp_maps, activate_stacked
+from ...viz import pyplot
 
 
 class GraspMaps(nn.Module):
     """A grasp model whose output is its activated maps, stacked ``(B, 4, H, W)`` in
-    ``MAP_KEYS`` order (:func:`split_maps` names them), rather than a dict of logits.
+    ``MAP_KEYS`` order (:func:`vision_tfm.grasp.split_maps` names them), rather than a dict
+    of logits.
 
     What export writes: the graph ends in the activations, so a runtime without vision_tfm
     reads quality, ``cos 2θ``, ``sin 2θ`` and width straight off one output. A model with
@@ -66,67 +59,11 @@ def flip_averaged(
     return {k: v / 3 for k, v in out.items()}
 
 
-def predict_grasps(
-    checkpoint: str | Path,
-    image: str | Path,
-    depth: str | Path | None = None,
-    top_n: int = 5,
-    use_ema: bool | None = None,
-) -> tuple[list[Grasp], np.ndarray]:
-    """Top grasps on one raw view, in the view's own pixel coordinates.
-
-    The view gets the validation preprocessing (centre square crop of ``crop_size``, resize,
-    normalisation, depth hole filling) and decoding (filters, ``eval.flip_tta``). Returns the
-    grasps and the RGB (or depth) image.
-    """
-    from vision_tfm.data.grasp import (
-        crop_box,
-        crop_resize,
-        load_depth,
-        load_rgb,
-        output_to_crop,
-        to_input,
-    )
-    from vision_tfm.train.checkpoint import load_checkpoint
-    from vision_tfm.train.grasp import restore_grasp_model
-
-    model, cfg = restore_grasp_model(load_checkpoint(checkpoint), use_ema, str(checkpoint))
-    d = cfg.data
-    rgb = load_rgb(image) if d.input != "depth" else None
-    dep = None
-    if d.input != "rgb":
-        if depth is None:
-            raise ValueError(f"the model takes input={d.input!r}: pass --depth with a depth file")
-        dep = load_depth(depth)
-    shown = rgb if rgb is not None else load_rgb(image)
-    H, W = shown.shape[:2]
-    if dep is not None and dep.shape != (H, W):
-        raise ValueError(f"depth {dep.shape} does not match image {(H, W)}: {depth}")
-    box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
-    rgb_c, dep_c = crop_resize(rgb, dep, box, d.output_size)
-    with torch.no_grad():
-        out = grasp_maps(model, to_input(rgb_c, dep_c, d.normalise)[None], cfg.eval.flip_tta)
-    maps = {k: out[k][0, 0].float().numpy() for k in MAP_KEYS}
-    preds = decode_grasps(**maps, num_grasps=top_n, **cfg.eval.decode_kwargs(d.width_scale))
-    scale = box[2] / d.output_size
-    grasps = []
-    for g in preds:
-        ((x, y),) = output_to_crop(np.array([[g.x, g.y]], np.float32), box, d.output_size)
-        grasps.append(
-            Grasp(float(x), float(y), g.angle, g.opening * scale, g.jaw * scale, g.quality)
-        )
-    return grasps, shown
-
-
 def draw_grasps(
     image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | None, path: str | Path
 ) -> None:
     """Predicted grasps in green (jaw plates thick), ground truth in red."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.imshow(image)
     if gt_rects is not None:

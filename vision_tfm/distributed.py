@@ -49,3 +49,10 @@ def cleanup() -> None:
     """Leave the process group so the launcher exits cleanly."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """For each flag, whether any rank raised it, in one all-reduce; every rank must call it
+    at the same point, so all act on the answer together."""
+    t = torch.tensor([float(f) for f in flags], device=device)
+    return (all_reduce_sum(t) > 0).tolist()
