@@ -227,8 +227,16 @@ def test_post_and_pre_norm_differ_and_are_finite():
 
 
 def test_residual_stack_matches_the_papers_formula_written_out():
-    """ResiDual (Xie et al. 2023) on two blocks by hand: each sublayer output f feeds the
-    post-norm stream x <- LN(x + f) and the dual sum d <- d + f; the output is x + LN(d)."""
+    """ResiDual (Xie et al. 2023, "ResiDual: Transformer with Dual Residual Connections",
+    Sec. 3), written out for two blocks (four sublayers f_k, attention then MLP):
+
+        x^a_1 = x^d_1 = x                        both streams start at the stack's input
+        x^a_{k+1} = LN_k(x^a_k + f_k(x^a_k))     the Post-LN stream
+        x^d_{k+1} = x^d_k + f_k(x^a_k)           the dual stream: x plus every f_k
+        y = x^a_{K+1} + LN_final(x^d_{K+1})
+
+    The dual stream is what a Pre-LN stack's residual carries, input included; started at
+    zero instead (x^d_1 = 0), this test fails."""
     torch.manual_seed(0)
     blocks = block_stack(2, dim=16, num_heads=2, norm_place="residual").eval()
     final = torch.nn.LayerNorm(16)
@@ -239,7 +247,7 @@ def test_residual_stack_matches_the_papers_formula_written_out():
                     n.weight.uniform_(0.5, 1.5)
                     n.bias.normal_()
     x = torch.randn(2, 5, 16)
-    want, d = x, torch.zeros_like(x)
+    want, d = x, x
     for b in blocks:
         a = b.attn(want)
         want, d = b.norm1(want + a), d + a

@@ -92,8 +92,10 @@ class PostNorm(NormPlacement):
 
 
 class ResiDual(NormPlacement):
-    """Post-norm stream ``x`` plus ``dual``, the un-normalised sum of every sublayer output
-    (which keeps pre-norm's gradient path); the output is ``x + norm(dual)``."""
+    """ResiDual (Xie et al. 2023): a post-norm stream ``x`` and a ``dual`` stream that adds
+    every sublayer output, un-normalised, to the stack's input (pre-norm's residual, which
+    keeps its gradient path); the output is ``x + norm(dual)``. Both streams start at the
+    input, as in the paper's equations and the authors' code."""
 
     norm_is_merge = True
 
@@ -103,7 +105,7 @@ class ResiDual(NormPlacement):
 
     @staticmethod
     def begin(x: torch.Tensor) -> Stream:
-        return x, torch.zeros_like(x)
+        return x, x
 
     @staticmethod
     def step(blk: Block, stream: Stream, rope: Rope | None) -> Stream:
