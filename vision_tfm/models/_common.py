@@ -35,6 +35,9 @@ BASE_RANGES: dict[str, Range] = {
     "favor_features": NON_NEGATIVE,  # 0 = head_dim * ln(head_dim)
 }
 
+NORM_LAYERS = ("layernorm", "rmsnorm")
+"""What ``norm_layer`` takes in every family: the blocks', the final and the merging norms."""
+
 # The attention kernel fields of the families that can swap softmax for linear attention.
 ATTENTION_CHOICES: dict[str, tuple[str, ...]] = {
     "attn_type": ATTN_TYPES,

@@ -31,6 +31,13 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
         sd = path_or_state_dict
     else:
         sd = load_torch_file(path_or_state_dict)
+    meta = sd.get("meta") if isinstance(sd, Mapping) else None
+    if (
+        isinstance(meta, Mapping)
+        and meta.get("weights") == "ema"
+        and isinstance(sd.get("ema"), Mapping)
+    ):
+        sd = sd["ema"]  # a vision_tfm run that shipped its EMA weights
     for key in _WRAPPERS:
         if isinstance(sd, Mapping) and key in sd and isinstance(sd[key], Mapping):
             sd = sd[key]
@@ -217,6 +224,23 @@ def _resample_pos_embed(model: nn.Module, own: StateDict, sd: StateDict) -> Stat
     return sd
 
 
+def check_norm_kind(model: nn.Module, sd: Mapping[str, torch.Tensor], what: str) -> None:
+    """Refuse weights trained with the other norm (``norm_layer``): a LayerNorm has a bias
+    an RMSNorm lacks, and loading one into the other would fail on a key, or worse, load."""
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or f"{name}.weight" not in sd:
+            continue
+        has_bias = f"{name}.bias" in sd
+        if has_bias == isinstance(m, nn.LayerNorm):
+            continue
+        theirs, ours = ("layernorm", "rmsnorm") if has_bias else ("rmsnorm", "layernorm")
+        raise CheckpointError(
+            f"{what} was trained with norm_layer={theirs!r} ({name}"
+            f"{' has' if has_bias else ' lacks'} a bias), but the model has "
+            f"norm_layer={ours!r}; build it with norm_layer={theirs!r}"
+        )
+
+
 def load_pretrained(
     model: nn.Module, path_or_state_dict: str | os.PathLike | Mapping, strict: bool = True
 ) -> nn.Module:
@@ -232,15 +256,25 @@ def load_pretrained(
     check_finite(
         sd, "checkpoint" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
     )
+    what = "checkpoint" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
     family = getattr(model, "checkpoint_family", None)  # declared by the family's class
     if family is None:  # no foreign layout: the model's own keys, as saved by training
+        check_norm_kind(model, sd, what)
+        sd, at_init, why_head = _split_head(model.state_dict(), sd)
         try:
-            model.load_state_dict(sd, strict=strict)
+            missing, unexpected = model.load_state_dict(sd, strict=False)
         except RuntimeError as e:  # torch lists every mismatch over several lines
             why = " ".join(str(e).split())
             raise CheckpointError(
                 f"checkpoint does not fit {type(model).__name__}: {why}"
             ) from None
+        missing = [k for k in missing if k not in at_init]
+        if strict and (missing or unexpected):
+            raise CheckpointError(
+                f"checkpoint does not fit {type(model).__name__}: missing {missing[:8]}, "
+                f"unexpected {unexpected[:8]}"
+            )
+        _warn_head(at_init, why_head)
         return model
     source = detect_source(sd)
     if not source.endswith(family):
@@ -249,6 +283,7 @@ def load_pretrained(
             f"but the model is a {type(model).__name__}"
         )
     sd = convert_state_dict(sd, source)
+    check_norm_kind(model, sd, what)
     own = model.state_dict()
     _check_fit(model, own, sd, source)
     sd, at_init, why = _split_head(own, sd)
@@ -261,8 +296,12 @@ def load_pretrained(
             f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
         )
     model.load_state_dict(_resample_pos_embed(model, own, sd), strict=False)
+    _warn_head(at_init, why)
+    return model
+
+
+def _warn_head(at_init: list[str], why: str) -> None:
     if at_init:
         warnings.warn(
-            f"classifier head left at init: checkpoint {why} ({at_init[0]})", stacklevel=2
+            f"classifier head left at init: checkpoint {why} ({at_init[0]})", stacklevel=3
         )
-    return model

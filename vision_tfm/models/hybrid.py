@@ -24,11 +24,11 @@ from ..config import AT_LEAST_ONE, NON_NEGATIVE, ConfigError, Range
 from ..constants import MAP_KEYS
 from ..layers import (
     NORM_PLACEMENTS,
-    LayerNorm,
     Rope,
     block_stack,
     check_image,
     checkpointed,
+    get_norm_layer,
     pad_to_multiple,
     rope_2d,
     run_blocks,
@@ -36,6 +36,7 @@ from ..layers import (
 )
 from ._common import (
     ATTENTION_CHOICES,
+    NORM_LAYERS,
     block_kwargs,
     check_model_config,
     init_weights,
@@ -73,6 +74,7 @@ class HybridTrunkConfig:
     feature_map: str = "elu1"  # linear only: "elu1" | "relu" | "favor"
     favor_features: int = 0  # favor only: random features per head; 0 = head_dim * ln(head_dim)
     norm_place: str = "pre"  # "pre" | "post" | "residual"
+    norm_layer: str = "layernorm"  # "layernorm" | "rmsnorm": the Transformer's norms
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -82,6 +84,7 @@ class HybridTrunkConfig:
         **ATTENTION_CHOICES,
         "pos_embed": POS_EMBEDS,
         "norm_place": NORM_PLACEMENTS,
+        "norm_layer": NORM_LAYERS,
     }
 
     def __post_init__(self) -> None:
@@ -107,6 +110,7 @@ class HybridTrunk(nn.Module):
         self.pos_embed = cfg.pos_embed
         self.rope_theta = cfg.rope_theta
         chs, D = cfg.stem_chs, cfg.embed_dim
+        norm = get_norm_layer(cfg.norm_layer)
         self.reduction = 2 ** (len(chs) - 1)
         self.stem = nn.ModuleList(
             conv_stage(cfg.in_chans if i == 0 else chs[i - 1], c, 1 if i == 0 else 2, d)
@@ -118,11 +122,11 @@ class HybridTrunk(nn.Module):
             cfg.drop_path_rate,
             dim=D,
             num_heads=cfg.num_heads,
-            norm_layer=LayerNorm,
+            norm_layer=norm,
             **block_kwargs(cfg),
         )
         final_norm = self.blocks[0].place.wants_final_norm(False)
-        self.norm = LayerNorm(D) if final_norm else nn.Identity()
+        self.norm = norm(D) if final_norm else nn.Identity()
         self.feature_info = [
             {"module": f"stem.{i}", "num_chs": c, "reduction": 2**i} for i, c in enumerate(chs)
         ] + [{"module": "norm", "num_chs": D, "reduction": self.reduction}]

@@ -32,11 +32,18 @@ from ..layers import (
     TensorCache,
     check_image,
     checkpointed,
+    get_norm_layer,
     pad_to_multiple,
     relative_position_bias,
     relative_position_index,
 )
-from ._common import block_kwargs, check_model_config, init_weights, select_indices
+from ._common import (
+    NORM_LAYERS,
+    block_kwargs,
+    check_model_config,
+    init_weights,
+    select_indices,
+)
 from .base import VisionModel, check_output_fmt
 from .registry import register_model
 from .swin_windows import (
@@ -193,6 +200,7 @@ class SwinConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     norm_place: str = "pre"
+    norm_layer: str = "layernorm"  # "layernorm" | "rmsnorm": every norm, patch merging's too
     global_pool: str = "avg"  # "avg" or "" (forward returns the NHWC map)
     drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
@@ -201,7 +209,10 @@ class SwinConfig:
 
     RANGES: ClassVar[dict[str, Range]] = {"depths": AT_LEAST_ONE, "window_size": AT_LEAST_ONE}
     # "residual" needs one token stream: it is for ViT and the hybrid
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"norm_place": ("pre", "post")}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "norm_place": ("pre", "post"),
+        "norm_layer": NORM_LAYERS,
+    }
 
     def __post_init__(self) -> None:
         check_model_config(self)
@@ -232,7 +243,7 @@ class SwinTransformer(VisionModel):
         self.in_chans = cfg.in_chans
         self.patch_size = cfg.patch_size
         self.min_size = cfg.patch_size * cfg.window_size
-        norm = partial(LayerNorm, eps=1e-5)
+        norm = partial(get_norm_layer(cfg.norm_layer), eps=1e-5)
         dims = [cfg.embed_dim * 2**i for i in range(len(cfg.depths))]
         self.num_features = dims[-1]
 

@@ -32,6 +32,7 @@ from ..layers import (
 )
 from ._common import (
     ATTENTION_CHOICES,
+    NORM_LAYERS,
     block_kwargs,
     check_model_config,
     init_weights,
@@ -82,6 +83,7 @@ class ViTConfig:
         **ATTENTION_CHOICES,
         "pos_embed": POS_EMBEDS,
         "norm_place": NORM_PLACEMENTS,
+        "norm_layer": NORM_LAYERS,
     }
 
     def __post_init__(self) -> None:
