@@ -88,7 +88,14 @@ class OptimConfig(Checked):
         momentum: SGD momentum.
         clip_grad: Max global gradient norm; 0 = no clipping.
         accum_steps: Micro-batches accumulated per optimiser step.
-        layer_decay: Layer-wise lr decay factor (BEiT/MAE fine-tuning); 0 = off.
+        layer_decay: Layer-wise lr decay factor (BEiT/MAE fine-tuning); 0 = off. Each
+            group of the model's ``group_matcher`` gets ``lr * decay ** (groups above it)``.
+        discriminative: ULMFiT's discriminative fine-tuning (Howard & Ruder 2018): each group's
+            rate is the one above it divided by this factor (the paper's 2.6); 0 = off. The
+            same groups as ``layer_decay``, which it excludes.
+        unfreeze: ULMFiT's gradual unfreezing: the head trains alone for this many epochs,
+            then each group below it joins after as many more; 0 = everything trains from
+            the start. A frozen group gets no gradient, no optimiser state and no decay.
     """
 
     opt: str = "adamw"
@@ -100,6 +107,8 @@ class OptimConfig(Checked):
     clip_grad: float = 0.0
     accum_steps: int = 1
     layer_decay: float = 0.0
+    discriminative: float = 0.0
+    unfreeze: int = 0
 
     SECTION: ClassVar[str] = "optim"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -111,10 +120,17 @@ class OptimConfig(Checked):
         "clip_grad": NON_NEGATIVE,
         "accum_steps": AT_LEAST_ONE,
         "layer_decay": Range(0, 1, lo_open=True, zero=True),
+        "discriminative": Range(1, None, zero=True),
+        "unfreeze": NON_NEGATIVE,
     }
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.layer_decay and self.discriminative:
+            raise ConfigError(
+                "optim.layer_decay and optim.discriminative are two forms of one thing; "
+                f"set one (got {self.layer_decay} and {self.discriminative})"
+            )
         from timm.optim import get_optimizer_info, list_optimizers
 
         try:  # timm parses "lookahead_<name>" the same way
@@ -127,12 +143,25 @@ class OptimConfig(Checked):
 
 @dataclass
 class SchedConfig(Checked):
-    """Linear warmup then cosine decay, stepped every optimiser update."""
+    """The learning-rate schedule, stepped every optimiser update.
 
+    Attributes:
+        name: "cosine" (linear warmup, then cosine decay to ``min_lr``) or
+            "slanted_triangular" (ULMFiT: a linear rise over ``cut_frac`` of the updates
+            from ``lr / ratio`` to ``lr``, then a linear decay back; the warmup and
+            ``min_lr`` settings do not apply to it).
+        epochs: Epochs the schedule spans.
+        warmup_epochs, warmup_lr, min_lr: The cosine schedule's.
+        cut_frac, ratio: The slanted triangular schedule's (the paper's 0.1 and 32).
+    """
+
+    name: str = "cosine"
     epochs: int = 10
     warmup_epochs: float = 1.0
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
+    cut_frac: float = 0.1
+    ratio: float = 32.0
 
     SECTION: ClassVar[str] = "sched"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -140,7 +169,10 @@ class SchedConfig(Checked):
         "warmup_epochs": NON_NEGATIVE,
         "warmup_lr": NON_NEGATIVE,
         "min_lr": NON_NEGATIVE,
+        "cut_frac": Range(0, 1, lo_open=True, hi_open=True),
+        "ratio": Range(1, None),
     }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"name": ("cosine", "slanted_triangular")}
 
 
 @dataclass

@@ -28,7 +28,7 @@ from ..tasks.config import save_config
 from .checkpoint import Checkpoints
 from .device import autocast, resolve_device, resolve_precision
 from .logging import MetricLogger, Progress
-from .optim import build_training
+from .optim import build_training, group_ids, unfreeze
 from .resume import LoopState, check_compatible, check_position, check_weights
 from .rundir import RunDirs, file_id
 from .sampling import (
@@ -94,13 +94,17 @@ class Trainer(Checkpoints):
             self.precision() == "amp" and self.device.type == "cuda",
         )  # fmt: skip
         self.state, self.history = LoopState(), []
+        self._groups = group_ids(self.model) if cfg.optim.unfreeze else {}
         if self.ckpt is not None:
             self._restore(self.ckpt, eval_only)
         self.train_model: nn.Module = self.model
         self.ddp: DistributedDataParallel | None = None
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = self.train_model = DistributedDataParallel(self.model, device_ids=ids)
+            unused = cfg.optim.unfreeze > 0  # frozen groups send no gradient
+            self.ddp = self.train_model = DistributedDataParallel(
+                self.model, device_ids=ids, find_unused_parameters=unused
+            )
         if cfg.run.compile:  # lazy: it compiles in the first step, which reports the time
             self._compile_t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
@@ -174,6 +178,8 @@ class Trainer(Checkpoints):
         finally:
             if logger is not None:
                 logger.close()
+            if cfg.optim.unfreeze:  # everything trains again after the run, whatever the epoch
+                self.model.requires_grad_(True)
         if s.epoch < cfg.sched.epochs:
             self.say(
                 f"stopped after epoch {s.epoch} of {cfg.sched.epochs}; resume with "
@@ -189,6 +195,8 @@ class Trainer(Checkpoints):
     ) -> dict[str, float]:
         """One epoch from the current position, its evaluation and checkpoint."""
         s, epoch, t0 = self.state, self.state.epoch, time.perf_counter()
+        if self.cfg.optim.unfreeze:  # a function of the epoch alone: resume finds it again
+            unfreeze(self.model, self._groups, epoch, self.cfg.optim.unfreeze)
         loss_sum, loss_count = self._train_epoch(epoch, train_loader, logger)
         dt = s.time_s + time.perf_counter() - t0
         if self._stop:

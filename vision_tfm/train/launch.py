@@ -101,6 +101,23 @@ def resolve_config(
     return load_config(default, cfg_path, over)
 
 
+def finetune_overrides(checkpoint: str, recipe: Path) -> dict[str, Any]:
+    """The overrides ``--finetune CKPT`` stands for: the checkpoint's architecture and its
+    shipped weights as the starting point (the head is rebuilt for the new data's classes),
+    then the fine-tuning recipe's settings."""
+    ckpt = load_checkpoint(checkpoint)
+    model = ckpt["config"].get("model", {}) if isinstance(ckpt["config"], dict) else {}
+    over: dict[str, Any] = {"model.pretrained": str(checkpoint)}
+    if model.get("name"):
+        over["model.name"] = model["name"]
+    if model.get("kwargs"):
+        over["model.kwargs"] = dict(model["kwargs"])
+    data = yaml.safe_load(recipe.read_text()) or {}
+    for section, values in data.items():
+        over.update({f"{section}.{k}": v for k, v in (values or {}).items()})
+    return over
+
+
 def run_cli(main: Callable[[], Any]) -> None:
     """Run a script's main; expected failures print one line and exit non-zero: 2 for bad
     input, 3 for a run whose loss went non-finite, 130 for Ctrl-C (after its checkpoint)."""

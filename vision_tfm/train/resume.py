@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from timm.scheduler import CosineLRScheduler
+from timm.scheduler.scheduler import Scheduler
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..io import check_fits
 from ..models.convert import check_finite
+from .optim import schedule_shape
 
 
 @dataclass
@@ -70,7 +71,7 @@ def check_position(path: Path, state: Any, epochs: int, processes: int) -> None:
 
 
 def restore_schedule(
-    scheduler: CosineLRScheduler,
+    scheduler: Scheduler,
     saved: dict[str, Any],
     num_updates: int,
     say: Callable[[str], None] | None,
@@ -82,15 +83,21 @@ def restore_schedule(
     rebuilt from the config and picked up at the current update instead. ``say`` tells the
     user (None: quietly, as evaluation does, whose folder may size the epoch differently).
     """
-    shape = ("t_initial", "warmup_t", "lr_min", "warmup_lr_init")
     new = scheduler.state_dict()
-    if all(saved.get(k) == new[k] for k in shape):
+    if schedule_shape(saved) == schedule_shape(new):
         scheduler.load_state_dict(saved)
         return
     scheduler.step_update(num_updates=num_updates)
     if say is not None:
-        old_total, new_total = (d["t_initial"] + d["warmup_t"] for d in (saved, new))
+        old_total, new_total = (_updates(d) for d in (saved, new))
         say(
             f"the schedule differs from the checkpoint's ({old_total} -> {new_total} "
             f"updates); following the new one from update {num_updates}"
         )
+
+
+def _updates(state: dict[str, Any]) -> int | str:
+    """How many updates a schedule's ``state_dict`` spans (cosine or slanted triangular)."""
+    if "t_total" in state:
+        return state["t_total"]
+    return state.get("t_initial", 0) + state.get("warmup_t", 0)
