@@ -1,9 +1,11 @@
 """Pre-LN vs Post-LN vs ResiDual: loss curves and per-layer gradient norms at initialisation.
 
 The 2017 Transformer figure puts LayerNorm after the residual add (Post-LN); GPT-2, ViT and
-timm put it before the sublayer (Pre-LN). Xiong et al. (2020) showed that at initialisation
-Post-LN gradients near the output are large (growing with depth towards the top), which is
-why it needs learning-rate warmup, while Pre-LN gradients stay flat across layers.
+timm put it before the sublayer (Pre-LN). Xiong et al. (2020) report that at initialisation
+Post-LN gradients near the output are large, which is why it needs learning-rate warmup, and
+that Pre-LN gradients stay flat across layers. That is the paper's claim, in its setting
+(Xavier init, a translation Transformer); this script's own figures are what it shows here,
+and so far they have not shown it: read the printed table and the plots, not this docstring.
 
     python benchmarks/norm_placement.py                      # ~6 runs, ~10 min on 2 CPU cores
     python benchmarks/norm_placement.py --epochs 1 --depth 6 # quicker look
