@@ -104,3 +104,27 @@ def test_resume_across_an_unfreeze_boundary_is_bit_identical(tmp_path) -> None:
     a, b = full.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"
+
+
+def test_finetune_flag_starts_from_the_checkpoint_with_the_recipe(tmp_path) -> None:
+    """``train_cls.py --finetune CKPT``: the checkpoint's architecture and weights, the ULMFiT
+    recipe, and the user's own flags over both (``--epochs``)."""
+    from pathlib import Path
+
+    from vision_tfm.train.launch import base_parser, finetune_overrides, resolve_config
+
+    root = Path(__file__).resolve().parents[2]
+    src = _trainer(tmp_path / "src", **{"sched.epochs": 1, "optim.unfreeze": 0})
+    src.fit()
+    ckpt = src.run_dir / "last.pt"
+    args = base_parser("t").parse_intermixed_args(["--epochs", "2", "data.train_subset=64"])
+    extra = finetune_overrides(str(ckpt), root / "configs" / "cls" / "finetune.yaml")
+    cfg = resolve_config(ClsConfig(), args, root / "configs" / "cls", "_mnist", extra,
+                         task=ClassificationTask)  # fmt: skip
+    assert cfg.model.pretrained == str(ckpt) and cfg.model.kwargs == TINY["model.kwargs"]
+    assert cfg.optim.discriminative == 2.6 and cfg.optim.unfreeze == 1
+    assert cfg.sched.name == "slanted_triangular" and cfg.sched.epochs == 2  # the flag wins
+    model = ClassificationTask(cfg).build()[0]
+    trained = src.model.state_dict()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, trained[k]), k  # the checkpoint's weights, head included here

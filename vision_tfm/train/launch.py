@@ -57,7 +57,7 @@ def resolve_config(
             "--config cannot be combined with --resume: a resumed run keeps its checkpoint's "
             "config (change single keys with key=value)"
         )
-    over: dict[str, Any] = {}
+    over: dict[str, Any] = dict(extra or {})  # a script's own settings; the flags below win
     cfg_path = args.config
     if args.model:
         recipe = config_dir / f"{args.model}{recipe_suffix}.yaml"
@@ -69,7 +69,6 @@ def resolve_config(
         over["sched.epochs"] = args.epochs
     if args.out_dir:
         over["run.out_dir"] = args.out_dir
-    over.update(extra or {})
     over.update(parse_cli_overrides(args.overrides))
     if args.resume:
         if "run.out_dir" in over:
