@@ -17,7 +17,7 @@ which runs the fp32 matmuls).
 - ``benchmarks/bench_vs_timm.py --attn sdpa`` / ``--attn explicit``: the whole model against
   timm, one path forced.
 
-The figures, per CPU kind, are in the README's speed section.
+The figures, per CPU kind, are in docs/results/speed.md.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ MATRIX_ISA = ("avx2", "avx512f", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx_
 
 def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     """CPU model and its matrix ISA extensions (:data:`MATRIX_ISA`), logged with every speed
-    table: ratios between formats move with the CPU (see the README's export section)."""
+    table: ratios between formats move with the CPU (docs/results/export.md)."""
     name, flags = "", set()
     try:
         with open(cpuinfo) as f:

@@ -8,7 +8,7 @@ and ``optimize_for_inference`` swaps Linear layers where oneDNN ran faster. On a
 where MKL runs AVX-512, the two tie and either pick costs nothing. A whole model gains about
 what the probe reads, on AMD CPUs with full-width AVX-512 units and with 256-bit ones alike;
 ``benchmarks/bench_vs_timm.py`` re-measures it (its footer prints the probe and the pick),
-and the README's speed section has the figures, one table per CPU kind.
+and docs/results/speed.md has the figures, one table per CPU kind.
 
 bf16 Linear layers already run oneDNN's GEMM through ``addmm`` where bf16 is native, but
 ``addmm`` first writes the broadcast bias over the whole output; oneDNN's own Linear op adds
