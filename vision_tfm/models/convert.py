@@ -253,10 +253,8 @@ def load_pretrained(
         strict: Refuse missing or unexpected keys (after conversion).
     """
     sd = read_state_dict(path_or_state_dict)
-    check_finite(
-        sd, "checkpoint" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
-    )
     what = "checkpoint" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
+    check_finite(sd, what)
     family = getattr(model, "checkpoint_family", None)  # declared by the family's class
     if family is None:  # no foreign layout: the model's own keys, as saved by training
         check_norm_kind(model, sd, what)

@@ -110,16 +110,13 @@ def group_ids(model: nn.Module) -> dict[str, int]:
     return {n: ids.get(n, top) for n, _ in model.named_parameters()}
 
 
-def unfreeze(model: nn.Module, ids: dict[str, int], epoch: int, every: int) -> int:
+def unfreeze(model: nn.Module, ids: dict[str, int], epoch: int, every: int) -> None:
     """Gradual unfreezing at ``epoch`` (0-based): the top group trains for ``every`` epochs,
-    then each group below joins after as many more. Sets ``requires_grad``; returns how
-    many groups train. A frozen parameter gets no gradient, so the optimiser leaves it and
-    its state alone."""
-    top = max(ids.values())
-    lowest = top - epoch // every
+    then each group below joins after as many more. Sets ``requires_grad``: a frozen
+    parameter gets no gradient, so the optimiser leaves it and its state alone."""
+    lowest = max(ids.values()) - epoch // every
     for name, p in model.named_parameters():
         p.requires_grad_(ids[name] >= lowest)
-    return min(top - lowest + 1, top + 1)
 
 
 def build_training(

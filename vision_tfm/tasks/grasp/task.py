@@ -99,7 +99,6 @@ class GraspTask(Task):
         "with the angle within 30 degrees; max abs diff over the four activated maps",
     }
     meta_checks = {"in_chans": (lambda v, m: v in (1, 3, 4) and type(v) is int, "1, 3 or 4")}
-    headlines = HEADLINES  # type: ignore[assignment]
 
     def __init__(self, cfg: GraspConfig) -> None:
         super().__init__(cfg)
@@ -130,6 +129,10 @@ class GraspTask(Task):
             "val_ids": list(val.ids),
         }
         return model, train, val, meta
+
+    @property
+    def headlines(self) -> dict[str, str]:
+        return HEADLINES
 
     @staticmethod
     def accepts(output_maps: tuple[str, ...]) -> bool:
