@@ -156,7 +156,9 @@ def check_meta(meta: dict[str, Any], checks: MetaChecks, what: str = "checkpoint
             raise CheckpointError(f"{what}: meta {key!r} must be {expected}, got {meta.get(key)!r}")
 
 
-def _unwritable(path: Path, what: str, e: OSError) -> RunDirError:
+def unwritable_error(path: Path, what: str, e: OSError) -> RunDirError:
+    """The one-line error for a folder that ``what`` (a flag or config key) names and that
+    cannot be written in."""
     return RunDirError(f"{what}: cannot write in {path} ({e.strerror or type(e).__name__})")
 
 
@@ -172,4 +174,4 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        raise _unwritable(probe, what, e) from None
+        raise unwritable_error(probe, what, e) from None

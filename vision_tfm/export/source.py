@@ -158,17 +158,20 @@ class ExportSource:
 
     def evaluate(self, runner: Runner, batches: Sequence[tuple]) -> Evaluation:
         """Run every batch through ``runner`` and score it as the task's validation does."""
-        hits, n, outs, tops = 0, 0, [], []
+        hits, n, outs, tops, decoded = 0, 0, [], [], False
         labelled = self.metric_name is not None
         for batch in batches:
             out, h, top = self.task.score(runner, batch, labelled)
             outs.append(out)
             hits, n = hits + h, n + len(batch[0])
-            tops = None if top is None else [*tops, *top]
+            if top is not None:  # a task that decodes a top prediction per image
+                tops.extend(top)
+                decoded = True
         if n == 0:
             raise DataError(f"{self.path}: the validation split is empty")
         metric = hits / n if labelled else None
-        return Evaluation(metric, [torch.cat(col) for col in zip(*outs)], tops)
+        cols = [torch.cat(col) for col in zip(*outs)]
+        return Evaluation(metric, cols, tops if decoded else None)
 
     # --- metadata --------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunDirError
-from ..io import _unwritable, atomic_save, load_checkpoint
+from ..io import atomic_save, load_checkpoint, unwritable_error
 
 try:
     import fcntl
@@ -47,7 +47,7 @@ def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
         except FileExistsError:
             continue
         except OSError as e:
-            raise _unwritable(Path(out_dir), "run.out_dir", e) from None
+            raise unwritable_error(Path(out_dir), "run.out_dir", e) from None
         mark_run_dir(path)
         return path
 
@@ -85,7 +85,7 @@ class RunLock:
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as e:
-            raise _unwritable(self.path.parent, "run dir", e) from None
+            raise unwritable_error(self.path.parent, "run dir", e) from None
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -260,9 +260,9 @@ class GraspTask(Task):
         x = batch[0]
         maps = flip_averaged(lambda v: split_maps(runner(v)[0]), x, self.cfg.eval.flip_tta)
         out = [maps[k].float() for k in MAP_KEYS]
-        hits, tops = 0, []
+        hits, tops, kw = 0, [], self._decode_kw()
         for i in range(len(x)):
-            preds = decode_grasps(*[o[i] for o in out], num_grasps=1, **self._decode_kw())
+            preds = decode_grasps(*[o[i] for o in out], num_grasps=1, **kw)
             tops.append((preds[0].x, preds[0].y, preds[0].angle) if preds else None)
             if labelled:
                 hits += grasp_correct(preds, batch[2][i])
