@@ -19,6 +19,7 @@ FLOORS: dict[str, int] = {
     "config": 0,
     "constants": 0,
     "version": 0,
+    "files": 0,
     "layers": 1,
     "models": 2,
     "data": 2,
@@ -38,6 +39,7 @@ FLOORS: dict[str, int] = {
 
 ALLOWED_SIDEWAYS = {
     ("config", "errors"),
+    ("files", "errors"),  # a failed write is a RunDirError
     ("data", "grasp"),  # grasp datasets encode rectangles into maps
     ("io", "models"),  # checkpoints are read with the models' safe loader
     ("optimize", "accel"),  # the inference fast path applies accel's swaps

@@ -125,13 +125,28 @@ def _hw(text: str) -> tuple[int, int]:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    """Export a checkpoint to ONNX (+ int8), check parity, write the files and metadata."""
+    """Export a checkpoint to ONNX (+ int8), check parity, write the files and metadata;
+    or (``--format hf``) to a Hugging Face / timm model folder."""
     from .export import ExportOptions, export_checkpoint
+
+    if args.format == "hf":
+        return _export_hf(args)
 
     int8 = ("dynamic", "static") if args.int8 == "both" else (args.int8,) if args.int8 else ()
     names = [f.name for f in dataclasses.fields(ExportOptions) if f.name != "int8"]
     opts = ExportOptions(int8=int8, **{k: getattr(args, k) for k in names})  # flag = field
     export_checkpoint(args.checkpoint, opts)
+
+
+def _export_hf(args: argparse.Namespace) -> None:
+    from .export.folder import export_folder
+
+    if args.int8 or args.img_size:
+        flag = "--int8" if args.int8 else "--img-size"
+        raise ConfigError(f"{flag} is an ONNX option; --format hf writes the weights as they are")
+    out = export_folder(args.checkpoint, args.out, args.ema, args.overwrite)
+    print(f"wrote {out}/config.json + model.safetensors")
+    print(f'load it: timm.create_model("local-dir:{out}", pretrained=True)')
 
 
 def cmd_benchmark(args: argparse.Namespace) -> None:
@@ -243,10 +258,22 @@ def _add_int8_scores(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    ex = sub.add_parser("export", help="ONNX export (fp32, dynamic shapes, int8) + parity check")
+    ex = sub.add_parser(
+        "export", help="ONNX (fp32, dynamic shapes, int8) + parity check, or a timm / HF folder"
+    )
     ex.add_argument("--checkpoint", required=True)
-    ex.add_argument("--format", default="onnx", choices=["onnx"])
-    ex.add_argument("--out", help=".onnx path (default: model.onnx beside the checkpoint)")
+    ex.add_argument(
+        "--format",
+        default="onnx",
+        choices=["onnx", "hf"],
+        help="onnx, or hf: config.json + model.safetensors, as timm and the Hugging Face hub "
+        "read them",
+    )
+    ex.add_argument(
+        "--out",
+        help=".onnx path (default: model.onnx beside the checkpoint); with --format hf, the "
+        "folder (default: <checkpoint stem>-hf beside it)",
+    )
     ex.add_argument("--dynamic", default="batch", help="batch, hw, batch,hw or none")
     ex.add_argument("--opset", type=int, default=18, help="18..25; SDPA -> Attention at >= 23")
     ex.add_argument("--attention", default="auto", choices=["auto", "fused", "explicit"])

@@ -8,8 +8,6 @@ and is renamed over the target, so nothing already written is ever lost or half-
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -20,52 +18,11 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, RunDirError
+from .files import atomic_save, atomic_write_text  # noqa: F401  (re-exported: callers' home)
 from .models.convert import check_finite, load_torch_file
 
 MetaChecks = Mapping[str, tuple[Callable[[Any, dict], bool], str]]
 """``meta`` key -> (check of its value given the whole meta, what it should be)."""
-
-
-def atomic_write_text(text: str, path: str | os.PathLike) -> None:
-    """:func:`atomic_save` for a text file (a table, a JSON record, a config)."""
-    _atomic(lambda f: f.write(text.encode()), Path(path), "file")
-
-
-def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temp file in the same directory, fsync, then ``os.replace``.
-
-    A crash or Ctrl-C mid-write leaves the previous file intact, never a truncated one. A
-    failed write (full disk, I/O error; torch's zip writer raises a ``RuntimeError``) removes
-    the temp file and raises a one-line :class:`RunDirError`.
-    """
-    _atomic(lambda f: torch.save(obj, f), Path(path), "checkpoint")
-
-
-def _atomic(write: Callable[[Any], object], path: Path, what: str) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise _write_failed(path, e, what) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and "write" in str(e).lower()):
-            raise _write_failed(path, e, what) from None
-        raise  # Ctrl-C, or not an I/O failure: a bug, keep its traceback
-
-
-def _write_failed(path: Path, e: Exception, what: str) -> RunDirError:
-    why = e.strerror if isinstance(e, OSError) and e.strerror else "the write failed"
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        why = "no space left on device"
-    kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing was written"
-    return RunDirError(f"cannot write {what} {path}: {why}; {kept}")
 
 
 REQUIRED_KEYS = ("model", "config", "meta")

@@ -61,11 +61,28 @@ def test_pretrained_true_and_tag_match_timm_logits(offline_cache):
         for m in (
             vt.create_model(NAME, pretrained=True, **SHRINK),
             vt.create_model(NAME, pretrained=TAG, **SHRINK),
-            vt.create_model(f"{NAME}.{TAG}", **SHRINK),
+            vt.create_model(f"{NAME}.{TAG}", pretrained=True, **SHRINK),
         ):
             assert (m.eval()(x) - want).abs().max().item() <= 1e-5
     assert m.pretrained_cfg["mean"] == (0.5, 0.5, 0.5)  # the weights' normalisation, from timm
     assert m.pretrained_cfg["hf_hub_id"] == f"timm/{NAME}.{TAG}"
+
+
+def test_a_tag_alone_picks_the_config_and_downloads_nothing(offline_cache, monkeypatch):
+    """timm's rule: ``name.tag`` selects the weights' cfg; only ``pretrained=True`` loads."""
+    import vision_tfm.models.hub as hub
+
+    def no_download(*a, **k):
+        raise AssertionError("a tag without pretrained=True must not fetch weights")
+
+    monkeypatch.setattr(hub, "published_weights", no_download)
+    m = vt.create_model(f"{NAME}.augreg_in21k", **SHRINK)  # not in the cache: nothing fetched
+    ref = timm.create_model(f"{NAME}.augreg_in21k", **SHRINK)
+    assert m.num_classes == ref.num_classes == 21843  # the tag's head, as timm builds it
+    assert m.pretrained_cfg["mean"] == ref.pretrained_cfg["mean"] == (0.5, 0.5, 0.5)
+    assert vt.create_model(f"{NAME}.augreg_in21k", num_classes=5, **SHRINK).num_classes == 5
+    with raises_naming(ConfigError, "unknown pretrained tag", "no_such_tag"):
+        vt.create_model(f"{NAME}.no_such_tag")
 
 
 def test_pretrained_adapts_channels_head_and_grid_as_timm_does(offline_cache):

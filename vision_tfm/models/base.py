@@ -7,6 +7,8 @@ and never names its class.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import nn
@@ -35,6 +37,8 @@ class VisionModel(nn.Module):
             ``None`` (no detection backbone).
         first_conv, classifier: Module names for ``pretrained_cfg`` (timm's fields).
         global_pools: Accepted ``global_pool`` values; ``""`` returns unpooled features.
+        default_out_indices: ``features_only``'s levels when none are asked for, as timm's
+            for the same architecture (an int: the last n; None: every level).
 
     Every family has timm's ``forward_intermediates(x, indices, norm, stop_early, output_fmt,
     intermediates_only)``: ``indices`` are ``feature_info`` levels (negative allowed) or an int
@@ -49,6 +53,7 @@ class VisionModel(nn.Module):
     first_conv: ClassVar[str] = "patch_embed.proj"
     classifier: ClassVar[str] = "head"
     global_pools: ClassVar[tuple[str, ...]] = ("avg", "")
+    default_out_indices: ClassVar[int | tuple[int, ...] | None] = None
     output_fmt: str = "NCHW"  # layout of forward_features
     grad_checkpointing: bool = False
 
@@ -122,6 +127,19 @@ class VisionModel(nn.Module):
         for m in self.modules():  # the model and the parts that loop over blocks
             if hasattr(m, "grad_checkpointing"):
                 m.grad_checkpointing = enable
+
+    def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write ``config.json`` + ``model.safetensors``: the folder timm and the Hugging Face
+        hub read (``create_model("local-dir:DIR", pretrained=True)``; see ``models.hf``)."""
+        from .hf import save_pretrained
+
+        return save_pretrained(self, directory, overwrite=overwrite)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload :meth:`save_pretrained`'s folder to the hub (``models.hf.push_to_hub``)."""
+        from .hf import push_to_hub
+
+        return push_to_hub(self, repo_id, **kwargs)
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names weight decay would only shrink towards a meaningless zero."""

@@ -29,6 +29,8 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping) -> StateDic
     """Read a checkpoint file (``weights_only=True``) and unwrap common training containers."""
     if isinstance(path_or_state_dict, Mapping):
         sd = path_or_state_dict
+    elif Path(path_or_state_dict).suffix == ".safetensors":
+        sd = load_safetensors(path_or_state_dict)
     else:
         sd = load_torch_file(path_or_state_dict)
     meta = sd.get("meta") if isinstance(sd, Mapping) else None
@@ -84,6 +86,21 @@ def load_torch_file(path: str | os.PathLike) -> Any:
             why = "it holds pickled Python objects, not only tensors, and is not loaded for "
             why += "safety (save model.state_dict() instead)"
         raise CheckpointError(f"cannot read checkpoint {path}: {why}") from None
+
+
+def load_safetensors(path: str | os.PathLike) -> StateDict:
+    """A ``.safetensors`` file (the hub's and our model folders' format: nothing to unpickle)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = check_checkpoint_path(path)
+    try:
+        return load_file(path, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(
+            f"cannot read weights {path}: not a safetensors file ({why})"
+        ) from None
 
 
 def detect_source(sd: Mapping[str, torch.Tensor]) -> str:

@@ -101,6 +101,7 @@ class VisionTransformer(LinearHeadModel):
     checkpoint_family = "vit"
     backbone_kind = "simple_pyramid"
     global_pools = ("token", "avg", "")
+    default_out_indices = 3  # timm's ViT: the last three blocks
     output_fmt = "NLC"
 
     def __init__(self, cfg: ViTConfig) -> None:

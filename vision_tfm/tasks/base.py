@@ -182,6 +182,22 @@ class Task:
         the preprocessing contract (its rules: ``docs/deployment.md``)."""
         raise NotImplementedError
 
+    def hub_cfg(self, meta: dict[str, Any], in_chans: int) -> dict[str, Any]:
+        """What a saved model folder's ``pretrained_cfg`` says of the run's data, so that
+        timm's ``resolve_data_config`` rebuilds its evaluation: input size, normalisation,
+        centre crop and class names (``models.hf``)."""
+        size = int(meta.get("img_size") or self.deploy_img_size())
+        out: dict[str, Any] = {"input_size": (in_chans, size, size)}
+        for key in ("mean", "std"):  # a grasp run normalising per view has none to give
+            if isinstance(meta.get(key), list):
+                out[key] = tuple(float(v) for v in meta[key])
+        if isinstance(meta.get("class_names"), list):
+            out["label_names"] = [str(n) for n in meta["class_names"]]
+        crop = getattr(self.cfg.data, "crop_pct", None)
+        if crop is not None:
+            out["crop_pct"] = float(crop)
+        return out
+
     # --- k-fold cross-validation (``train_grasp.py --folds``) ---------------------------------
 
     @property

@@ -11,6 +11,7 @@ from ..distributed import is_main
 from ..errors import CheckpointError
 from ..io import atomic_save
 from ..models.convert import check_finite
+from ..models.hf import write_folder
 from ..version import __version__
 from .resume import LoopState, restore_schedule
 from .stops import NonFiniteLossError, non_finite
@@ -19,7 +20,9 @@ from .stops import NonFiniteLossError, non_finite
 class Checkpoints:
     """The trainer's checkpoint side: ``last.pt`` / ``best.pt`` hold the weights, EMA,
     optimiser, schedule, scaler, loop position, history, config and meta; nothing else is
-    needed to continue bit for bit (every random draw derives from the seed and position)."""
+    needed to continue bit for bit (every random draw derives from the seed and position).
+    Beside ``best.pt``, ``config.json`` + ``model.safetensors`` hold its shipped weights in
+    the Hugging Face / timm folder format."""
 
     run_dir: Path
     state: LoopState
@@ -66,6 +69,11 @@ class Checkpoints:
         atomic_save(ck, self.run_dir / "last.pt")
         if best:
             atomic_save(ck, self.run_dir / "best.pt")
+            # the shipped weights again, as a model folder: deployment never unpickles, and
+            # the run dir loads as create_model("local-dir:RUN_DIR", pretrained=True)
+            model = self.shipped_model
+            hub = self.task.hub_cfg(self.meta, model.in_chans)
+            write_folder(model, self.run_dir, pretrained_cfg=hub, overwrite=True)
 
     def _non_finite(self, what: str) -> NonFiniteLossError:
         return non_finite(what, self.run_dir / "last.pt" if is_main() else None)
