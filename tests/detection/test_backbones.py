@@ -1,4 +1,4 @@
-"""Detection backbones: declared shapes, classifier parity, freezing, detectors, mAP@0.5."""
+"""Detection backbones: declared shapes, classifier parity, freezing, detectors."""
 
 import math
 
@@ -9,7 +9,6 @@ import torchvision
 from conftest import raises_naming
 
 import vision_tfm as vt
-from vision_tfm.detection import mean_average_precision, voc_ap
 
 SWIN = "swin_tiny_patch4_window7_224"
 VIT = "vit_small_patch16_224"
@@ -213,44 +212,3 @@ def test_detector_trains_and_predicts_at_two_sizes(kind, name):
 def test_bad_input_is_a_one_line_value_error(call, names):
     with raises_naming(ValueError, *names):
         call()
-
-
-# --- mAP@0.5 against hand-computed values ---------------------------------------------------
-
-
-def _det(boxes, scores, labels=None):
-    boxes = torch.tensor(boxes, dtype=torch.float).reshape(-1, 4)
-    labels = torch.ones(len(boxes), dtype=torch.long) if labels is None else torch.tensor(labels)
-    return {"boxes": boxes, "scores": torch.tensor(scores, dtype=torch.float), "labels": labels}
-
-
-def test_voc_ap_is_area_under_precision_envelope():
-    # ranked TP, FP, TP over 2 ground truths: recall .5 .5 1, precision 1 .5 2/3
-    ap = voc_ap(torch.tensor([0.5, 0.5, 1.0]), torch.tensor([1.0, 0.5, 2 / 3]))
-    assert ap == pytest.approx(0.5 * 1.0 + 0.5 * 2 / 3)
-    assert voc_ap(torch.zeros(0), torch.zeros(0)) == 0.0
-
-
-def test_map_hand_computed():
-    gt = [_det([[0, 0, 10, 10]], []), _det([[20, 20, 40, 40], [50, 50, 60, 60]], [])]
-    preds = [
-        _det([[0, 0, 10, 10], [0, 0, 10, 10], [30, 30, 35, 35]], [0.9, 0.8, 0.7]),  # TP, dup, miss
-        _det([[21, 21, 40, 40], [50, 50, 60, 65]], [0.6, 0.5]),  # IoU .9025 TP, IoU 2/3 TP
-    ]
-    # ranked: TP FP FP TP TP over 3 ground truths
-    # envelope: recall 1/3 at precision 1, then 2/3 and 1 at precision 3/5
-    m, per_class = mean_average_precision(preds, gt)
-    assert per_class[1] == pytest.approx(1 / 3 + (2 / 3) * (3 / 5))
-    assert m == per_class[1]
-
-
-def test_map_per_class_and_threshold():
-    gt = [_det([[0, 0, 10, 10], [20, 20, 30, 30]], [], labels=[1, 2])]
-    half = _det([[0, 0, 10, 5], [20, 20, 30, 30], [0, 0, 9, 9]], [0.9, 0.8, 0.1], labels=[1, 2, 3])
-    m, per_class = mean_average_precision([half], gt)  # class 1 box has IoU .5 exactly
-    assert per_class == {1: 1.0, 2: 1.0}  # class 3 has no ground truth: not scored
-    assert m == 1.0
-    m, per_class = mean_average_precision([half], gt, iou_threshold=0.6)
-    assert per_class == {1: 0.0, 2: 1.0} and m == 0.5
-    m, per_class = mean_average_precision([_det([], [])], gt)
-    assert m == 0.0

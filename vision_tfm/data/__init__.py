@@ -1,4 +1,5 @@
-"""Classification data: the embedded MNIST default, ImageFolder trees and CIFAR-10 pickles.
+"""Classification data: the embedded MNIST default, ImageFolder trees (train/ and val/, or one
+flat folder of classes split by ``data.val_split``) and CIFAR-10 pickles.
 
 `build_cls_datasets(cfg, aug)` is the one entry point the training engine needs; each item is
 `(float32 CHW tensor, int label)`. The model's `in_chans` should come from `ClsData.in_chans`:
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
@@ -26,6 +28,7 @@ from .datasets import (
     ArrayDataset,
     ImageFolderDataset,
     infer_dataset_kind,
+    is_class_folder,
     load_cifar10,
     load_image,
     open_image,
@@ -56,6 +59,7 @@ __all__ = [
 
 TRAIN_SUBSET_SEED = 0
 HOLDOUT_SEED = 1  # not TRAIN_SUBSET_SEED: a subset must not be the held-out samples
+VAL_SPLIT_SEED = 2  # a flat class folder's val share: the same on every run and every seed
 
 
 @dataclass
@@ -69,6 +73,9 @@ class ClsData:
     class_names: list[str]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    split: dict[str, list[tuple[Path, int]]] | None = None
+    """A flat class folder's ``{"train": samples, "val": samples}``, split here (before any
+    ``holdout`` or ``train_subset``); ``None`` when the data brought its own split."""
 
 
 def build_cls_datasets(cfg: DataConfig, aug: AugConfig) -> ClsData:
@@ -84,8 +91,11 @@ def build_cls_datasets(cfg: DataConfig, aug: AugConfig) -> ClsData:
     in_chans = resolve_in_chans(cfg)
     mean, std = resolve_mean_std(cfg)
     train_tf, val_tf = build_train_transform(cfg, aug), build_eval_transform(cfg)
+    split = None
     if cfg.name == "imagefolder":
-        train_s, val_s, names = scan_image_folder(cfg.root)
+        train_s, val_s, names = scan_image_folder(cfg.root, cfg.val_split, VAL_SPLIT_SEED)
+        if is_class_folder(Path(cfg.root)):
+            split = {"train": train_s, "val": val_s}
         train: Dataset = ImageFolderDataset(train_s, in_chans, train_tf)
         val: Dataset = ImageFolderDataset(val_s, in_chans, val_tf)
     else:
@@ -108,4 +118,4 @@ def build_cls_datasets(cfg: DataConfig, aug: AugConfig) -> ClsData:
         # Seeded and sorted: ImageFolder samples are grouped by class, so a prefix would not do.
         keep = np.random.default_rng(TRAIN_SUBSET_SEED).permutation(len(train))[: cfg.train_subset]
         train = Subset(train, np.sort(keep).tolist())
-    return ClsData(train, val, len(names), in_chans, names, mean, std)
+    return ClsData(train, val, len(names), in_chans, names, mean, std, split)

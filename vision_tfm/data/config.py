@@ -103,6 +103,9 @@ class DataConfig(Checked):
         holdout: Validate on this many (seeded random) training samples, held out of
             training, instead of the val split: a recipe is chosen on them, so the val
             figure it reports was never looked at while choosing. 0 = off.
+        val_split: The share of each class a flat ``root/<class>/`` folder holds out for
+            validation (seeded; the run dir's ``split.csv`` lists both sides). A folder with
+            its own train/ and val/ keeps them and ignores this.
     """
 
     name: str = "mnist"
@@ -116,6 +119,7 @@ class DataConfig(Checked):
     crop_pct: float = 1.0
     train_subset: int = 0
     holdout: int = 0
+    val_split: float = 0.0
 
     SECTION: ClassVar[str] = "data"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -127,6 +131,7 @@ class DataConfig(Checked):
         "crop_pct": Range(0, 1, lo_open=True),
         "train_subset": NON_NEGATIVE,
         "holdout": NON_NEGATIVE,
+        "val_split": Range(0, 1, hi_open=True),
     }
     CHOICES: ClassVar[dict[str, tuple]] = {"name": DATASET_NAMES, "in_chans": (0, 1, 3)}
 

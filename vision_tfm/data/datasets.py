@@ -1,4 +1,5 @@
-"""Classification datasets: in-memory arrays (MNIST, CIFAR-10) and ImageFolder trees.
+"""Classification datasets: in-memory arrays (MNIST, CIFAR-10) and ImageFolder trees, with
+their own train/ and val/ or one flat folder of classes split here.
 
 Corrupt-image policy (ImageFolder): construction only lists files, which stays fast for
 ImageNet-sized trees. A file that cannot be decoded (truncated, not an image) raises a
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+from torchvision.datasets.folder import make_dataset
 
 from ..errors import ConfigError, DataError, InputError, MissingFileError, UnsafeFileError
 
@@ -159,46 +161,106 @@ def _check_dir(path: Path, what: str) -> None:
         raise MissingFileError(f"{path}: missing, expected {what}")
 
 
-def _list_class_images(class_dir: Path) -> list[Path]:
-    files = sorted(
-        p for p in class_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+def list_class_folder(
+    folder: Path, index: dict[str, int] | None = None
+) -> tuple[list[tuple[Path, int]], list[str]]:
+    """List ``<folder>/<class>/<image>`` files by torchvision's ImageFolder rules (classes are
+    the sorted subfolders, images found below them by extension, case-insensitive), without
+    decoding them.
+
+    Args:
+        folder: The folder of class subfolders.
+        index: Label index per class name (another split's classes); ``None``: this folder's
+            own, in sorted order. A class outside ``index`` is an error.
+
+    Returns:
+        (samples as (path, label index), this folder's class names).
+    """
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"{folder}: no class subfolders, expected {folder.name}/<class>/<image>")
+    index = index if index is not None else {c: i for i, c in enumerate(classes)}
+    unknown = [c for c in classes if c not in index]
+    if unknown:
+        raise DataError(f"{folder}: classes {unknown} are not in the training classes")
+    found = make_dataset(
+        folder, {c: index[c] for c in classes}, extensions=IMAGE_EXTENSIONS, allow_empty=True
     )
-    if not files:
-        raise DataError(f"{class_dir}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})")
-    return files
+    have = {t for _, t in found}
+    empty = [c for c in classes if index[c] not in have]
+    if empty:
+        raise DataError(
+            f"{folder / empty[0]}: class folder has no images ({', '.join(IMAGE_EXTENSIONS)})"
+        )
+    return [(Path(p), t) for p, t in found], classes
+
+
+def is_class_folder(root: Path) -> bool:
+    """Whether ``root`` is a flat ``<root>/<class>/<image>`` folder (no train/ or val/)."""
+    if (root / "train").exists() or (root / "val").exists():
+        return False
+    return any(
+        p.suffix.lower() in IMAGE_EXTENSIONS for d in root.iterdir() if d.is_dir()
+        for p in d.rglob("*")
+    )  # fmt: skip
+
+
+def split_stratified(
+    samples: list[tuple[Path, int]], share: float, seed: int
+) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]]]:
+    """Hold ``share`` of each class out for validation, by a seeded permutation per class.
+
+    Each class keeps at least one image on either side where it has two, so every class is
+    both trained and scored; the order within each side stays the listing's.
+
+    Returns:
+        (train samples, val samples).
+    """
+    labels = np.asarray([t for _, t in samples], dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    held: list[int] = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        k = min(max(int(share * len(idx) + 0.5), 1), len(idx) - 1)
+        held += idx[rng.permutation(len(idx))[:k]].tolist()
+    val = set(held)
+    return (
+        [s for i, s in enumerate(samples) if i not in val],
+        [s for i, s in enumerate(samples) if i in val],
+    )
 
 
 def scan_image_folder(
-    root: str | Path,
+    root: str | Path, val_split: float = 0.0, seed: int = 0
 ) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]], list[str]]:
-    """List `<root>/{train,val}/<class>/<image>` files, without decoding them.
+    """List an image folder's files, without decoding them: ``<root>/{train,val}/<class>/``,
+    or a flat ``<root>/<class>/`` whose val share ``val_split`` is held out per class
+    (:func:`split_stratified` with ``seed``).
 
-    Classes are the sorted subfolder names of train/; val/ may lack a class but may not add
-    one, so label indices mean the same in both splits.
+    Classes are the sorted subfolder names of train/ (or of the flat root); val/ may lack a
+    class but may not add one, so label indices mean the same in both splits.
 
     Returns:
         (train samples, val samples, class names), samples as (path, label index).
     """
     root = Path(root)
-    _check_dir(root, "a dataset folder with train/ and val/ subfolders")
+    _check_dir(root, "a dataset folder with train/ and val/ subfolders, or class subfolders")
+    if is_class_folder(root):
+        if not val_split:
+            raise ConfigError(
+                f"{root} holds class folders but no val/: set data.val_split (e.g. 0.1) to "
+                "hold out that share of each class for validation"
+            )
+        samples, classes = list_class_folder(root)
+        if len(samples) < 2:
+            raise DataError(f"{root}: {len(samples)} image, too few to split")
+        return (*split_stratified(samples, val_split, seed), classes)
     train_dir, val_dir = root / "train", root / "val"
     _check_dir(train_dir, "a train/ folder with one subfolder per class")
     _check_dir(val_dir, "a val/ folder with one subfolder per class")
-    classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
-    if not classes:
-        raise DataError(f"{train_dir}: no class subfolders, expected train/<class>/<image>")
-    index = {name: i for i, name in enumerate(classes)}
-    val_classes = sorted(p.name for p in val_dir.iterdir() if p.is_dir())
-    if not val_classes:
-        raise DataError(f"{val_dir}: no class subfolders, expected val/<class>/<image>")
-    unknown = [c for c in val_classes if c not in index]
-    if unknown:
-        raise DataError(f"{val_dir}: classes {unknown} are not in {train_dir}")
-
-    def samples(split_dir: Path, names: list[str]) -> list[tuple[Path, int]]:
-        return [(p, index[c]) for c in names for p in _list_class_images(split_dir / c)]
-
-    return samples(train_dir, classes), samples(val_dir, val_classes), classes
+    train, classes = list_class_folder(train_dir)
+    val, _ = list_class_folder(val_dir, {c: i for i, c in enumerate(classes)})
+    return train, val, classes
 
 
 def find_cifar10_dir(root: str | Path) -> Path | None:
@@ -340,7 +402,9 @@ def infer_dataset_kind(root: str | Path) -> str:
     if not root.is_dir():
         raise DataError(f"{root}: not a folder, expected a dataset folder")
     if not any(root.iterdir()):
-        raise DataError(f"{root}: folder is empty, expected train/ and val/ or CIFAR-10 batches")
+        raise DataError(
+            f"{root}: folder is empty, expected train/ and val/, class folders or CIFAR-10"
+        )
     if find_cifar10_dir(root) is not None:
         return "cifar10"
     has_train, has_val = (root / "train").is_dir(), (root / "val").is_dir()
@@ -349,7 +413,9 @@ def infer_dataset_kind(root: str | Path) -> str:
     if has_train or has_val:
         missing = "val/" if has_train else "train/"
         raise DataError(f"{root}: has {'train/' if has_train else 'val/'} but no {missing}")
+    if is_class_folder(root):
+        return "imagefolder"
     raise DataError(
-        f"{root}: unknown layout, expected train/<class>/ and val/<class>/ (ImageFolder) "
-        f"or data_batch_1..5 (CIFAR-10 python)"
+        f"{root}: unknown layout, expected train/<class>/ and val/<class>/ (ImageFolder), "
+        f"<class>/ folders of images (with data.val_split) or data_batch_1..5 (CIFAR-10 python)"
     )

@@ -1,17 +1,16 @@
-"""Object detection with ViT / Swin backbones on torchvision's detectors, and a mAP metric."""
+"""Object detection with ViT / Swin backbones on torchvision's detectors, and COCO mAP."""
 
 from .backbone import DetectionBackbone, SwinFeatures, ViTFeatures, create_backbone
 from .build import DETECTORS, build_detector
-from .metrics import box_iou, mean_average_precision, voc_ap
+from .metrics import CocoScores, coco_map
 
 __all__ = [
     "DETECTORS",
+    "CocoScores",
     "DetectionBackbone",
     "SwinFeatures",
     "ViTFeatures",
-    "box_iou",
     "build_detector",
+    "coco_map",
     "create_backbone",
-    "mean_average_precision",
-    "voc_ap",
 ]

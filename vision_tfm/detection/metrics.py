@@ -1,85 +1,93 @@
-"""Detection metric: VOC-style average precision at one IoU threshold (mAP@0.5 by default).
+"""COCO detection metrics, computed by torchmetrics' ``MeanAveragePrecision`` on pycocotools.
 
-Small and dependency-free (no pycocotools / torchmetrics). Per class, detections from all images
-are ranked by score; each is a true positive when the ground truth it overlaps most (same image,
-same class) has IoU >= the threshold and is not already taken by a higher-scored detection;
-otherwise it is a false positive (the VOC devkit's matching). AP is the area under the
-precision envelope over all recall points (VOC 2010+, no 11-point sampling). There are no
-"difficult" flags: every ground-truth box counts.
+The figures people compare detectors by are COCO's: AP averaged over IoU 0.50:0.05:0.95
+(``map``), AP at IoU 0.5 (``map50``) and 0.75, each the mean over classes with ground truth
+of the 101-point interpolated precision envelope. pycocotools is the reference that computes
+them, so this module only adapts torchvision's detector outputs to it. Install with
+``pip install 'vision_tfm[detection]'``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
-from torchvision.ops import box_iou
 
-from ..errors import InputError
+from ..errors import DependencyError, InputError
 
-__all__ = ["mean_average_precision", "voc_ap"]
+__all__ = ["CocoScores", "coco_map"]
 
 
-def voc_ap(recall: torch.Tensor, precision: torch.Tensor) -> float:
-    """Area under the precision envelope (max precision at any higher recall).
+@dataclass
+class CocoScores:
+    """COCO bbox AP of one evaluation.
 
-    Args:
-        recall: Non-decreasing recall after each ranked detection.
-        precision: Precision after each ranked detection.
+    Attributes:
+        map: AP over IoU thresholds 0.50:0.05:0.95 (COCO's primary figure).
+        map50: AP at IoU 0.5 (PASCAL VOC's threshold).
+        map75: AP at IoU 0.75.
+        per_class: AP over the same IoU thresholds as ``map``, per label with ground truth.
     """
-    r = torch.cat([torch.zeros(1), recall.double(), torch.ones(1)])
-    p = torch.cat([torch.zeros(1), precision.double(), torch.zeros(1)])
-    p = p.flip(0).cummax(0).values.flip(0)  # envelope: best precision at recall >= r
-    step = torch.nonzero(r[1:] != r[:-1]).squeeze(1)  # where recall moves
-    return float(((r[step + 1] - r[step]) * p[step + 1]).sum())
+
+    map: float
+    map50: float
+    map75: float
+    per_class: dict[int, float] = field(default_factory=dict)
 
 
-def mean_average_precision(
+def coco_map(
     preds: Sequence[Mapping[str, torch.Tensor]],
     targets: Sequence[Mapping[str, torch.Tensor]],
-    iou_threshold: float = 0.5,
-) -> tuple[float, dict[int, float]]:
-    """mAP over the classes present in ``targets``, and AP per class.
+    rec_thresholds: Sequence[float] | None = None,
+) -> CocoScores:
+    """COCO AP of per-image detections against per-image ground truth.
 
     Args:
         preds: Per image ``{"boxes": (N, 4) xyxy, "scores": (N,), "labels": (N,)}`` (what
-            torchvision detectors return in eval mode).
+            torchvision detectors return in eval mode; at most 100 per image are scored).
         targets: Per image ``{"boxes": (M, 4) xyxy, "labels": (M,)}``.
-        iou_threshold: Minimum IoU for a match.
+        rec_thresholds: Recall points the precision envelope is sampled at; ``None``:
+            COCO's 101 (0, 0.01, ..., 1). A fine grid approaches the envelope's exact area,
+            which is PASCAL VOC's AP (2010 on).
 
-    Returns:
-        ``(mAP, {class: AP})``; a class with predictions but no ground truth is not scored.
+    Raises:
+        DependencyError: torchmetrics or pycocotools is not installed.
+        InputError: ``preds`` and ``targets`` cover different numbers of images.
     """
     if len(preds) != len(targets):
         raise InputError(f"{len(preds)} predictions for {len(targets)} images")
-    classes = sorted({int(c) for t in targets for c in t["labels"].tolist()})
-    ap = {c: _class_ap(preds, targets, c, iou_threshold) for c in classes}
-    return (sum(ap.values()) / len(ap) if ap else 0.0), ap
+    try:
+        from torchmetrics.detection import MeanAveragePrecision
 
-
-def _class_ap(
-    preds: Sequence[Mapping[str, torch.Tensor]],
-    targets: Sequence[Mapping[str, torch.Tensor]],
-    cls: int,
-    iou_threshold: float,
-) -> float:
-    gts = [t["boxes"][t["labels"] == cls].float().cpu() for t in targets]
-    taken = [torch.zeros(len(g), dtype=torch.bool) for g in gts]
-    dets = [  # (score, image, box) for every detection of this class
-        (float(s), i, b)
-        for i, p in enumerate(preds)
-        for s, b in zip(p["scores"][p["labels"] == cls], p["boxes"][p["labels"] == cls])
+        metric = MeanAveragePrecision(
+            box_format="xyxy",
+            iou_type="bbox",
+            rec_thresholds=list(rec_thresholds) if rec_thresholds is not None else None,
+            class_metrics=True,
+            backend="pycocotools",
+        )
+    except ImportError as e:
+        raise DependencyError(
+            f"COCO mAP needs torchmetrics and pycocotools ({e}); "
+            "pip install 'vision_tfm[detection]'"
+        ) from None
+    cpu = [
+        [{k: v.detach().cpu() for k, v in d.items()} for d in group] for group in (preds, targets)
     ]
-    dets.sort(key=lambda d: -d[0])  # stable: ties keep image order
-    tp = torch.zeros(len(dets))
-    for k, (_, i, box) in enumerate(dets):
-        if not len(gts[i]):
-            continue
-        iou = box_iou(box.float().cpu()[None], gts[i])[0]  # (M,)
-        j = int(iou.argmax())
-        if iou[j] >= iou_threshold and not taken[i][j]:
-            taken[i][j] = True
-            tp[k] = 1.0
-    n_gt = sum(len(g) for g in gts)
-    hits = tp.cumsum(0)
-    return voc_ap(hits / n_gt, hits / torch.arange(1, len(dets) + 1))
+    metric.update(*cpu)
+    out = metric.compute()
+    with_gt = {int(c) for t in cpu[1] for c in t["labels"].tolist()}
+    classes = out["classes"].reshape(-1).tolist()
+    per_class = out["map_per_class"].reshape(-1).tolist()
+    return CocoScores(
+        map=_score(out["map"]),
+        map50=_score(out["map_50"]),
+        map75=_score(out["map_75"]),
+        per_class={int(c): max(ap, 0.0) for c, ap in zip(classes, per_class) if c in with_gt},
+    )
+
+
+def _score(value: torch.Tensor) -> float:
+    """pycocotools' -1 ("nothing to score": no ground truth at all) as 0, like a miss."""
+    return max(float(value), 0.0)

@@ -117,6 +117,15 @@ class Task:
         """The last stdout line, e.g. ``val top1: 0.9712``."""
         raise NotImplementedError
 
+    def run_name(self, meta: dict[str, Any]) -> str:
+        """What a new run dir is called before its timestamp: the model, by default."""
+        return meta["model_name"]
+
+    def run_files(self) -> dict[str, str]:
+        """Text files a run dir keeps beside ``config.yaml`` (after :meth:`build`), by name:
+        what the config alone cannot reproduce, such as a data split made at build."""
+        return {}
+
     # --- rebuilding a trained model -----------------------------------------------------
 
     @classmethod

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -204,9 +207,10 @@ class ClassificationTask(Task):
         return torch.cat(outs), torch.cat(labels)
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: torch.device) -> dict:
+        """top-1, top-5 (only past 5 classes, where it is not 1 by construction) and the
+        mean validation loss."""
         logits, y = self.predict(model, loader, device)
-        k = min(5, logits.shape[1])
-        topk = logits.topk(k, dim=1).indices
+        topk = logits.topk(min(5, logits.shape[1]), dim=1).indices
         counts = torch.tensor(
             [
                 (topk[:, 0] == y).sum(),
@@ -217,7 +221,8 @@ class ClassificationTask(Task):
             dtype=torch.float64,
         )
         c1, c5, n, loss_sum = all_reduce_sum(counts).tolist()
-        return {"top1": c1 / n, "top5": c5 / n, "val_loss": loss_sum / n}
+        top5 = {"top5": c5 / n} if logits.shape[1] > 5 else {}
+        return {"top1": c1 / n, **top5, "val_loss": loss_sum / n}
 
     def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
         plot_curves(history, run_dir / "curves.png", ["top1", "top5", "ema_top1"])
@@ -230,6 +235,32 @@ class ClassificationTask(Task):
 
     def summary(self, metrics: dict[str, float]) -> str:
         return f"val top1: {metrics['top1']:.4f}"
+
+    def run_name(self, meta: dict[str, Any]) -> str:
+        """``<model>-<data folder>`` for a user's data (``vit_small_patch16_224-flowers``), so
+        runs on different folders tell themselves apart; the model alone for MNIST."""
+        if self.cfg.data.name == "mnist" or not self.cfg.data.root:
+            return meta["model_name"]
+        folder = Path(self.cfg.data.root).expanduser().resolve().name
+        return f"{meta['model_name']}-{re.sub(r'[^A-Za-z0-9._-]+', '_', folder) or 'data'}"
+
+    def run_files(self) -> dict[str, str]:
+        """``split.csv`` when the val share was held out of a flat class folder here: each
+        image's side, class and path under ``data.root``, so the split can be checked or
+        reused outside this package."""
+        split = self.data.split if self.data is not None else None
+        if not split:
+            return {}
+        root, names = Path(self.cfg.data.root), self.data.class_names
+        text = io.StringIO()
+        rows = csv.writer(text, lineterminator="\n")
+        rows.writerow(["split", "class", "path"])
+        for side in ("train", "val"):
+            rows.writerows(
+                [side, names[label], path.relative_to(root).as_posix()]
+                for path, label in split[side]
+            )
+        return {"split.csv": text.getvalue()}
 
     # --- export -----------------------------------------------------------------------
 

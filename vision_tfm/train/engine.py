@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from ..accel import prepare_for_training, warn_if_bf16_emulated
 from ..distributed import all_reduce_sum, any_rank, cleanup, init_distributed, is_main, world_size
-from ..io import check_writable_dir, load_checkpoint
+from ..io import atomic_write_text, check_writable_dir, load_checkpoint
 from ..tasks import Task
 from ..tasks.config import save_config
 from .checkpoint import Checkpoints
@@ -144,10 +144,12 @@ class Trainer(Checkpoints):
             best = bool(self.history) and self.history[-1].get(self.tracked) == s.best
             best_ck = self.ckpt if best and not s.step_in_epoch else None
             self.run_dir, forked = self._dirs.choose(
-                cfg.run.out_dir, self.meta["model_name"], self._run_dir, self.resume_path,
+                cfg.run.out_dir, self.task.run_name(self.meta), self._run_dir, self.resume_path,
                 getattr(self, "_resume_id", None), self.ckpt, best_ck,
             )  # fmt: skip
             save_config(cfg, self.run_dir / "config.yaml")
+            for name, text in self.task.run_files().items():
+                atomic_write_text(text, self.run_dir / name)
         logger = None
         if is_main():  # a fork's metrics.csv starts with the epochs it inherits
             inherited = self.history if forked else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,6 +13,9 @@ from torch import nn
 from ...constants import MAP_KEYS
 from ...grasp import Grasp, activate_grasp_maps, activate_stacked
 from ...viz import pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 class GraspMaps(nn.Module):
@@ -59,22 +63,49 @@ def flip_averaged(
     return {k: v / 3 for k, v in out.items()}
 
 
+GT_COLOR, PRED_COLOR = "red", "lime"
+
+
+def grasp_figure(image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | None) -> Figure:
+    """The overlay :func:`draw_grasps` writes, as a matplotlib figure (close it after use).
+
+    Predicted grasps are drawn with their jaw plates thick and numbered by rank (1 = the
+    highest quality; ``preds`` come best first); a legend under the image says which
+    colour is the label and which the prediction, so a picture read alone is not misread.
+    """
+    plt = pyplot()
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(5, 5.4))
+    ax.imshow(image)
+    handles = []
+    if gt_rects is not None:
+        for r in gt_rects:
+            ax.add_patch(plt.Polygon(r, closed=True, fill=False, ec=GT_COLOR, lw=1))
+        handles.append(Line2D([], [], color=GT_COLOR, lw=2, label="label"))
+    for rank, g in enumerate(preds, 1):
+        c = g.corners()
+        ax.add_patch(plt.Polygon(c, closed=True, fill=False, ec=PRED_COLOR, lw=1.5))
+        for a, b in ((1, 2), (3, 0)):  # the plates: corners 1-2 and 3-0
+            ax.plot([c[a, 0], c[b, 0]], [c[a, 1], c[b, 1]], color=PRED_COLOR, lw=3)
+        ax.text(
+            g.x, g.y, str(rank), ha="center", va="center", fontsize=8, color="black",
+            bbox={"boxstyle": "circle,pad=0.15", "fc": PRED_COLOR, "ec": "none", "alpha": 0.8},
+        )  # fmt: skip
+    handles.append(Line2D([], [], color=PRED_COLOR, lw=3, label="prediction (1 = best)"))
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles),
+        frameon=False, fontsize=9,
+    )  # fmt: skip
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
 def draw_grasps(
     image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | None, path: str | Path
 ) -> None:
-    """Predicted grasps in green (jaw plates thick), ground truth in red."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.imshow(image)
-    if gt_rects is not None:
-        for r in gt_rects:
-            ax.add_patch(plt.Polygon(r, closed=True, fill=False, ec="red", lw=1))
-    for g in preds:
-        c = g.corners()
-        ax.add_patch(plt.Polygon(c, closed=True, fill=False, ec="lime", lw=1.5))
-        for a, b in ((1, 2), (3, 0)):  # the plates: corners 1-2 and 3-0
-            ax.plot([c[a, 0], c[b, 0]], [c[a, 1], c[b, 1]], color="lime", lw=3)
-    ax.axis("off")
-    fig.tight_layout()
+    """Write :func:`grasp_figure`'s overlay: predictions in green, ranked, labels in red."""
+    fig = grasp_figure(image, preds, gt_rects)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    pyplot().close(fig)
