@@ -25,7 +25,8 @@ measured against compiled: ours through ``optimize_for_inference(compile=True)``
 freezing) in inference and the plain ``torch.compile`` that ``run.compile`` uses in
 training, the reference the same way (frozen through ``FrozenCompiled`` in inference); it
 reports ours' compile time, i.e. the first call's time less a steady call's.
-``grasp_hybrid_s`` is compared with its own unoptimised version (timm has no such model).
+``grasp_hybrid_s`` (``grasp``) and ``grasp_hybrid_t`` (``grasp_t``) are compared with their
+own unoptimised versions (timm has no such model).
 A training step is forward, backward and an AdamW update. ``--optimizer same`` (the
 default) gives both models torch's AdamW as built without options, so the ratio is the
 models'; ``--optimizer builders`` gives each the AdamW its library's builder makes for a
@@ -74,13 +75,20 @@ PAIRS = {
     "vit": ("vit_small_patch16_224", "vit_small_patch16_224"),
     "swin": ("swin_tiny_patch4_window7_224", "swin_tiny_patch4_window7_224"),
     "grasp": ("grasp_hybrid_s", None),
+    "grasp_t": ("grasp_hybrid_t", None),
 }
+
+
+def input_chans(kind: str) -> int:
+    """Channels a kind's model takes: RGB-D for the grasp models, RGB for the classifiers."""
+    return 4 if PAIRS[kind][1] is None else 3
 
 
 def loss_of(out) -> torch.Tensor:
     if isinstance(out, dict):
         return sum(v.float().square().mean() for v in out.values())
-    return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long))
+    labels = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
+    return F.cross_entropy(out.float(), labels)
 
 
 LR = 1e-6  # training steps barely move the weights, so every round times the same model
@@ -102,8 +110,8 @@ def make_optimizer(model: torch.nn.Module, ours: bool, how: str) -> torch.optim.
 def make_step(
     model, x, mode: str, prec: str, ours: bool = False, optimizer: str = "same"
 ) -> Callable[[], None]:
-    """One timed step; in training with :func:`make_optimizer`'s AdamW."""
-    ac = torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16")
+    """One timed step, on ``x``'s device; in training with :func:`make_optimizer`'s AdamW."""
+    ac = torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=prec == "bf16")
     if mode == "infer":
 
         def step() -> None:
@@ -124,14 +132,19 @@ def make_step(
 
 
 def interleaved(
-    steps: dict[str, Callable[[], None]], rounds: int, iters: int
+    steps: dict[str, Callable[[], None]],
+    rounds: int,
+    iters: int,
+    sync: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds per step for each entry, alternating the order every round, and the
-    seconds its first call took (compilation, for a compiled model)."""
+    seconds its first call took (compilation, for a compiled model). ``sync`` waits for the
+    queued work before a clock is read (``torch.cuda.synchronize`` on a GPU)."""
     first = {}
     for k, s in steps.items():  # warmup
         t = time.perf_counter()
         s()
+        sync()
         first[k] = time.perf_counter() - t
         for _ in range(2):
             s()
@@ -139,26 +152,39 @@ def interleaved(
     names = list(steps)
     for r in range(rounds):
         for k in names if r % 2 == 0 else names[::-1]:
+            sync()
             t = time.perf_counter()
             for _ in range(iters):
                 steps[k]()
+            sync()
             times[k].append((time.perf_counter() - t) / iters)
     return {k: statistics.median(v) for k, v in times.items()}, first
 
 
-def build(kind: str, prec: str, mode: str, compile: bool = False, ref_bf16: bool = False):
-    """(ours, reference, label of the reference), same weights; ``compile`` compiles both,
-    ``ref_bf16`` casts the reference's weights to bf16 for bf16 inference."""
+def build(
+    kind: str,
+    prec: str,
+    mode: str,
+    compile: bool = False,
+    ref_bf16: bool = False,
+    device: str | torch.device = "cpu",
+    model_kw: dict | None = None,
+):
+    """(ours, reference, label of the reference), same weights, on ``device``; ``compile``
+    compiles both, ``ref_bf16`` casts the reference's weights to bf16 for bf16 inference,
+    ``model_kw`` changes both architectures alike (a smaller size, say)."""
     ours_name, timm_name = PAIRS[kind]
+    kw = model_kw or {}
     torch.manual_seed(0)
     if timm_name is None:  # grasp: the reference is our own unoptimised model
-        ref = vt.create_model(ours_name).eval()
+        ref = vt.create_model(ours_name, **kw).eval()
         ours = copy.deepcopy(ref)
         label = "unfused"
     else:
-        ref = timm.create_model(timm_name, pretrained=False).eval()
-        ours = vt.load_pretrained(vt.create_model(ours_name), ref.state_dict()).eval()
+        ref = timm.create_model(timm_name, pretrained=False, **kw).eval()
+        ours = vt.load_pretrained(vt.create_model(ours_name, **kw), ref.state_dict()).eval()
         label = "timm"
+    ours, ref = ours.to(device), ref.to(device)  # before the device-specific swaps
     if mode == "infer":
         dtype = torch.bfloat16 if prec == "bf16" else None
         ours = vt.optimize_for_inference(ours, dtype=dtype, compile=compile)
@@ -194,11 +220,13 @@ def model_input(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x.to(next(model.parameters()).dtype)
 
 
-def check_parity(ours, ref, x, prec: str) -> float:
+def parity_diff(ours, ref, x, prec: str) -> tuple[float, float]:
+    """Max abs difference of the two models' outputs on ``x`` and the tolerance it must
+    meet: 1e-4 in fp32, 2e-2 of the output's scale (at least 1) in bf16."""
     # inference_mode, as the timed step: a compiled model reuses the graph it compiled there
     with (
         torch.inference_mode(),
-        torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"),
+        torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=prec == "bf16"),
     ):
         a, b = ours.eval()(x), ref.eval()(x)
     if isinstance(a, dict):
@@ -207,7 +235,12 @@ def check_parity(ours, ref, x, prec: str) -> float:
             torch.cat([v.flatten() for v in b.values()]),
         )
     diff = (a.float() - b.float()).abs().max().item()
-    tol = 1e-4 if prec == "fp32" else 2e-2 * max(1.0, b.float().abs().max().item())
+    return diff, 1e-4 if prec == "fp32" else 2e-2 * max(1.0, b.float().abs().max().item())
+
+
+def check_parity(ours, ref, x, prec: str) -> float:
+    """:func:`parity_diff`'s difference; the run stops if it is over the tolerance."""
+    diff, tol = parity_diff(ours, ref, x, prec)
     if diff > tol:
         raise SystemExit(f"parity failed: max abs diff {diff:.3e} > {tol:.1e} ({prec})")
     return diff
@@ -274,15 +307,14 @@ def main() -> None:
             )
             for kind in args.models.split(","):
                 for mode in args.modes.split(","):
-                    if kind == "grasp" and mode == "train":
+                    if PAIRS[kind][1] is None and mode == "train":
                         continue  # the fast path is inference-only
                     for batch in map(int, args.batches.split(",")):
                         torch._dynamo.reset()  # compiled code is specialised to thread count
                         ours, ref, label = build(
                             kind, prec, mode, args.compile, args.ref_weights == "bf16"
                         )
-                        c = 4 if kind == "grasp" else 3
-                        x = torch.randn(batch, c, 224, 224)
+                        x = torch.randn(batch, input_chans(kind), 224, 224)
                         xin = model_input(ours, x)
                         compile_s = 0.0
                         if args.compile and mode == "infer":  # the user's first call compiles

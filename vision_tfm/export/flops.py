@@ -52,19 +52,29 @@ def matmul_ceiling(
     threads: int = 0,
     sizes: Sequence[int] = (512, 1024, 2048),
     seconds: float = 1.0,
+    device: str | torch.device = "cpu",
 ) -> float:
     """Best FLOP/s of square matmuls in ``dtype`` on ``threads`` torch threads, ``seconds``
-    per size: the best run, not the mean, as a shared machine only ever makes a run slower."""
+    per size: the best run, not the mean, as a shared machine only ever makes a run slower.
+    On a GPU each run is ten matmuls queued back to back and waited for, so the wait's
+    latency is spread over them."""
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    reps = 10 if on_gpu else 1
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     best = 0.0
     with torch_threads(threads), torch.inference_mode():
         for n in sizes:
-            a = torch.randn(n, n).to(dtype)
-            b = torch.randn(n, n).to(dtype)
+            a = torch.randn(n, n, device=device).to(dtype)
+            b = torch.randn(n, n, device=device).to(dtype)
             torch.mm(a, b)  # warm up: allocation, kernel selection
+            sync()
             start, runs = time.perf_counter(), 0
             while runs < 3 or time.perf_counter() - start < seconds:
                 t0 = time.perf_counter()
-                torch.mm(a, b)
-                best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
+                for _ in range(reps):
+                    torch.mm(a, b)
+                sync()
+                best = max(best, reps * 2.0 * n**3 / (time.perf_counter() - t0))
                 runs += 1
     return best
