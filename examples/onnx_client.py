@@ -1,23 +1,24 @@
-"""Classify an image, or find grasps on an RGB-D pair, with an exported model, using only
-onnxruntime, numpy and Pillow.
+"""Classify images, or find grasps on an RGB-D pair, with an exported model. Uses only
+onnxruntime, numpy and Pillow: copy this file and the files model.json lists to the device.
 
-    vtfm export --checkpoint runs/<run>/best.pt          # writes model.onnx + model.json
+    vtfm export --checkpoint runs/<run>/best.pt          # prints the files to ship
     python examples/onnx_client.py runs/<run>/model.onnx photo.jpg --topk 5
     python examples/onnx_client.py runs/<grasp run>/model.onnx pcd0100r.png --depth pcd0100d.tiff
 
-What an edge runtime needs besides the graph is in ``model.json``: class names and, under
-``preprocess``, every step of ``vtfm predict``'s (or ``vtfm grasp``'s) preprocessing with its
-library, dtype and rounding; for grasp models, ``postprocess`` states how the four maps (the
-channels of one output) become grasps. This file follows those contracts step by step and
-prints what ``vtfm predict`` / ``vtfm grasp`` print; tests/export/test_export.py holds it to
-1e-5 in probability on gray, RGB, 16-bit, palette, RGBA, upscaled and non-square images,
-and to vtfm grasp's top grasp within 1e-4 px and 1e-5 rad. Nothing here imports torch, OpenCV
-or vision_tfm: copy the file to the device.
+What a runtime needs besides the graph is in ``model.json``: the files to ship (with sha256),
+class names, and under ``preprocess.steps`` the ordered steps of ``vtfm predict``'s (or
+``vtfm grasp``'s) preprocessing, each linking the section of docs/deployment.md that states
+its rules; for grasp models, ``postprocess.steps`` turn the one ``maps`` output into grasps.
+This file runs those steps in the order listed and prints what ``vtfm predict`` /
+``vtfm grasp`` print. tests/export/test_export.py holds it to 1e-5 in probability on gray,
+RGB, 16-bit, palette, RGBA, upscaled and non-square images, and to vtfm grasp's top grasp
+within 1e-4 px and 1e-5 rad. Nothing here imports torch, OpenCV or vision_tfm.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -26,23 +27,31 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-CONTRACT = "vision_tfm.cls.preprocess/1"  # the preprocessing this client implements
-GRASP_CONTRACT = "vision_tfm.grasp.preprocess/3"
+CONTRACT = "vision_tfm.cls.preprocess/2"  # the preprocessing this client implements
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/4"
 NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx]  # raster order
 
 
-def decode(path: str | Path, mode: str) -> np.ndarray:
-    """The image as HWC uint8 in ``mode`` ("L" or "RGB"): the contract's decode + channels."""
+def decode(path: str | Path) -> Image.Image:
+    """The ``decode`` step: the file's pixels as 8-bit samples (docs: decoding an image file)."""
     with Image.open(path) as im:
-        if im.mode.startswith("I;16") or im.mode == "I":
-            a = np.asarray(im, dtype=np.int64)
-            if im.mode == "I" and (not a.size or a.max() <= 255):
-                im = Image.fromarray(a.astype(np.uint8), "L")
-            else:  # 16-bit: 65535 -> 255
-                im = Image.fromarray(((a + 128) // 257).astype(np.uint8), "L")
-        elif im.mode == "F":
-            raise SystemExit(f"{path}: 32-bit float pixels have no fixed range")
-        arr = np.asarray(im.convert(mode))
+        im.load()
+    if im.mode.startswith("I;16") or im.mode == "I":
+        a = np.asarray(im, dtype=np.int64)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise SystemExit(f"{path}: {im.mode} pixels outside 0..65535")
+        if im.mode == "I" and (not a.size or a.max() <= 255):
+            return Image.fromarray(a.astype(np.uint8), "L")
+        return Image.fromarray(((a + 128) // 257).astype(np.uint8), "L")  # 65535 -> 255
+    if im.mode not in ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK"):
+        raise SystemExit(f"{path}: mode {im.mode} is outside the decoding contract")
+    return im  # Pillow itself reads 16-bit colour PNGs by their high byte
+
+
+def convert(im: Image.Image, mode: str) -> np.ndarray:
+    """The ``convert`` step: HWC uint8 in ``mode`` ("L" or "RGB"), alpha dropped; Pillow's
+    ``convert("L")`` is the contract's integer luma."""
+    arr = np.asarray(im.convert(mode))
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
@@ -63,7 +72,7 @@ def cubic_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def resize(img: np.ndarray, short_side: int) -> np.ndarray:
-    """Short side to ``short_side`` with the contract's integer bicubic."""
+    """The ``resize_short_side`` step: the contract's integer bicubic (not cv2.resize)."""
     h, w, _ = img.shape
     scale = short_side / min(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
@@ -84,24 +93,71 @@ def check_contract(pre: dict, contract: str) -> None:
         )
 
 
+def run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndarray, dict]:
+    """Run ``preprocess.steps`` in the order listed on the named ``files`` ("image"; or "rgb"
+    and "depth"). Returns the ``(1, C, H, W)`` float32 input and the crop box, where there is
+    one. A step without ``applies_to`` works on "image"."""
+    arrays: dict[str, np.ndarray] = {}
+    box: dict = {}
+    for step in steps:
+        op, on = step["op"], step.get("applies_to", ["image"])
+        if op == "decode":
+            arrays[step["file"]] = decode(files[step["file"]])
+        elif op == "convert":
+            arrays[on[0]] = convert(arrays[on[0]], step["to"])
+        elif op == "resize_short_side":
+            arrays["image"] = resize(arrays["image"], step["size"])
+        elif op == "center_crop":
+            img, (ch, cw) = arrays["image"], step["size"]  # [H, W]
+            top, left = (img.shape[0] - ch) // 2, (img.shape[1] - cw) // 2
+            arrays["image"] = img[top : top + ch, left : left + cw]
+        elif op == "normalize":
+            mean = np.asarray(step["mean"], np.float32) * np.float32(255)
+            inv_std = np.reciprocal(np.asarray(step["std"], np.float32) * np.float32(255))
+            arrays["image"] = (arrays["image"].astype(np.float32) - mean) * inv_std
+        elif op == "decode_depth":
+            arrays["depth"] = decode_depth(files["depth"], arrays.get("rgb"))
+        elif op == "center_crop_square":
+            H, W = arrays[on[0]].shape[:2]
+            side = min(step["size"] or min(H, W), H, W)
+            box = {"x0": (W - side) // 2, "y0": (H - side) // 2, "side": side}
+            for k in on:
+                arrays[k] = arrays[k][box["y0"] : box["y0"] + side, box["x0"] : box["x0"] + side]
+        elif op == "fill_depth_holes":
+            arrays["depth"] = fill_holes(arrays["depth"])
+        elif op == "resize_area":
+            box["size"] = step["size"][0]
+            for k in on:
+                arrays[k] = resize_area(arrays[k], box["size"])
+        elif op == "center_depth":
+            d, clip = arrays["depth"], np.float32(step["clip"])
+            arrays["depth"] = np.clip(d - np.float32(d.mean(dtype=np.float64)), -clip, clip)
+        elif op == "normalize_rgb":
+            mean, std = (np.asarray(step[k], np.float32) for k in ("mean", "std"))
+            arrays["rgb"] = (arrays["rgb"].astype(np.float32) / np.float32(255) - mean) / std
+        elif op == "standardise":
+            for k in on:
+                x = arrays[k].astype(np.float32)
+                arrays[k] = (x - x.mean()) / max(float(x.std()), step["min_std"])
+        elif op == "to_tensor":
+            parts = [arrays[k].astype(np.float32) for k in ("image", "rgb", "depth") if k in arrays]
+            chw = [p.transpose(2, 0, 1) if p.ndim == 3 else p[None] for p in parts]
+            return np.ascontiguousarray(np.concatenate(chw)[None]), box
+        else:
+            raise SystemExit(f"model.json: step {op!r} is unknown to this client")
+    raise SystemExit("model.json: the preprocessing steps end without to_tensor")
+
+
 def preprocess(path: str | Path, meta: dict) -> np.ndarray:
     """One image file -> the ``(1, C, H, W)`` float32 input the graph was exported for."""
     pre = meta["preprocess"]
     check_contract(pre, CONTRACT)
-    img = resize(decode(path, pre["channels"]["mode"]), pre["resize"]["short_side"])
-    ch, cw = pre["center_crop"]["size"]
-    top, left = (img.shape[0] - ch) // 2, (img.shape[1] - cw) // 2
-    img = img[top : top + ch, left : left + cw]
-    norm = pre["normalize"]
-    mean = np.asarray(norm["mean"], np.float32) * np.float32(255)
-    inv_std = np.reciprocal(np.asarray(norm["std"], np.float32) * np.float32(255))
-    x = (img.astype(np.float32) - mean) * inv_std  # (H, W, C)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+    return run_steps(pre["steps"], {"image": str(path)})[0]
 
 
 def classify(sess: ort.InferenceSession, image: str | Path, meta: dict) -> np.ndarray:
     """Class probabilities of one image."""
-    (logits,) = sess.run(None, {meta["input_name"]: preprocess(image, meta)})
+    (logits,) = sess.run(None, {meta["inputs"][0]["name"]: preprocess(image, meta)})
     z = logits[0].astype(np.float64)
     e = np.exp(z - z.max())
     return e / e.sum()
@@ -152,43 +208,22 @@ def fill_holes(depth: np.ndarray) -> np.ndarray:
     return vals.astype(np.float32)
 
 
-def standardise(x: np.ndarray) -> np.ndarray:
-    """Per-view standardisation: model.json's preprocess.normalise == "image"."""
-    x = x.astype(np.float32)
-    return (x - x.mean()) / max(float(x.std()), 1e-6)
+def decode_depth(path: str | None, rgb: np.ndarray | None) -> np.ndarray:
+    """The ``decode_depth`` step: float32 metres, (H, W) as the RGB image."""
+    if path is None:
+        raise SystemExit("this grasp model takes depth: pass --depth")
+    with Image.open(path) as im:
+        depth = np.asarray(im, dtype=np.float32)
+    if rgb is not None and depth.shape != rgb.shape[:2]:
+        raise SystemExit(f"depth {depth.shape} does not match image {rgb.shape[:2]}: {path}")
+    return depth
 
 
-def grasp_input(rgb_path: str, depth_path: str | None, meta: dict) -> tuple[np.ndarray, tuple]:
-    """An RGB-D pair -> ``((1, C, S, S) float32 input, crop box (x0, y0, side))``."""
+def grasp_input(rgb_path: str, depth_path: str | None, meta: dict) -> tuple[np.ndarray, dict]:
+    """An RGB-D pair -> ``((1, C, S, S) float32 input, crop box {x0, y0, side, size})``."""
     pre = meta["preprocess"]
     check_contract(pre, GRASP_CONTRACT)
-    S = pre["resize"]["size"][0]
-    rgb = decode(rgb_path, "RGB")
-    H, W = rgb.shape[:2]
-    side = min(pre["crop"]["size"] or min(H, W), H, W)
-    x0, y0 = (W - side) // 2, (H - side) // 2
-    channels = []
-    per_view = pre.get("normalise", "fixed") == "image"
-    if pre["channels"][0] == "R":
-        v = resize_area(rgb[y0 : y0 + side, x0 : x0 + side], S).astype(np.float32)
-        if per_view:
-            v = standardise(v)
-        else:
-            mean, std = (np.asarray(pre["rgb"][k], np.float32) for k in ("mean", "std"))
-            v = (v / np.float32(255) - mean) / std
-        channels += list(v.transpose(2, 0, 1))
-    if pre["channels"][-1] == "D":
-        if depth_path is None:
-            raise SystemExit("this grasp model takes depth: pass --depth")
-        with Image.open(depth_path) as im:
-            depth = np.asarray(im, dtype=np.float32)
-        if depth.shape != (H, W):
-            raise SystemExit(f"depth {depth.shape} does not match image {(H, W)}: {depth_path}")
-        d = resize_area(fill_holes(depth[y0 : y0 + side, x0 : x0 + side]), S)
-        clip = np.float32(pre["depth"]["clip"])
-        d = np.clip(d - np.float32(d.mean(dtype=np.float64)), -clip, clip)
-        channels.append(standardise(d) if per_view else d)
-    return np.stack(channels)[None].astype(np.float32), (x0, y0, side)
+    return run_steps(pre["steps"], {"rgb": rgb_path, "depth": depth_path})
 
 
 def gaussian(m: np.ndarray, sigma: float) -> np.ndarray:
@@ -244,59 +279,91 @@ def local_peaks(q: np.ndarray, dist: int, threshold: float, num: int) -> list[tu
 def find_grasps(
     sess: ort.InferenceSession, rgb: str, depth: str | None, meta: dict, top: int
 ) -> list[dict]:
-    """The best ``top`` grasps on the raw image, as ``vtfm grasp`` finds them."""
-    x, (x0, y0, side) = grasp_input(rgb, depth, meta)
+    """The best ``top`` grasps on the raw image, as ``vtfm grasp`` finds them: the
+    ``postprocess.steps`` in the order listed."""
+    x, box = grasp_input(rgb, depth, meta)
     post = meta["postprocess"]
-    keys = ("quality", "cos", "sin", "width")  # the channels of the one output, "maps"
+    keys = post["maps"]["channels"]  # quality, cos, sin, width: the channels of "maps"
+    S, side, out = box["size"], box["side"], []
 
     def run(v: np.ndarray) -> dict[str, np.ndarray]:
-        (maps,) = sess.run(None, {meta["input_name"]: v})  # (1, 4, H, W)
+        (maps,) = sess.run(None, {meta["inputs"][0]["name"]: v})  # (1, 4, H, W)
         return {k: maps[:, i : i + 1] for i, k in enumerate(keys)}
 
-    maps = run(x)
-    if post["flip_tta"]:
-        for axis in (3, 2):
-            m = run(np.ascontiguousarray(np.flip(x, axis)))
-            for k in maps:
-                maps[k] = maps[k] + (-1 if k == "sin" else 1) * np.flip(m[k], axis)
-        maps = {k: v / np.float32(3) for k, v in maps.items()}
-    sigma = post["filter"]["sigma"]
-    f = {k: gaussian(maps[k][0, 0], sigma[k]) for k in keys}
-    pk = post["peaks"]
-    S = meta["preprocess"]["resize"]["size"][0]
-    scale = np.float32(S / side)
-    width_scale, out = post["grasp"]["width_scale"], []
-    for r, c in local_peaks(f["quality"], pk["min_distance"], pk["threshold"], top):
-        a = 0.5 * math.atan2(f["sin"][r, c], f["cos"][r, c])
-        opening = float(f["width"][r, c]) * width_scale
-        out.append(
-            {
-                "x": float((np.float32(c) + np.float32(0.5)) / scale - np.float32(0.5) + x0),
-                "y": float((np.float32(r) + np.float32(0.5)) / scale - np.float32(0.5) + y0),
-                "angle": (a + math.pi / 2) % math.pi - math.pi / 2,
-                "opening": opening * (side / S),
-                "jaw": opening * 0.5 * (side / S),
-                "quality": float(f["quality"][r, c]),
-            }
-        )
-    return out
+    maps, peaks = run(x), []
+    for step in post["steps"]:
+        op = step["op"]
+        if op == "flip_average" and step["enabled"]:
+            for axis in (3, 2):
+                m = run(np.ascontiguousarray(np.flip(x, axis)))
+                for k in maps:
+                    maps[k] = maps[k] + (-1 if k == "sin" else 1) * np.flip(m[k], axis)
+            maps = {k: v / np.float32(3) for k, v in maps.items()}
+        elif op == "gaussian_filter":
+            maps = {k: gaussian(maps[k][0, 0], step["sigma"][k]) for k in keys}
+        elif op == "peaks":
+            peaks = local_peaks(maps["quality"], step["min_distance"], step["threshold"], top)
+        elif op == "grasps":
+            for r, c in peaks:
+                a = 0.5 * math.atan2(maps["sin"][r, c], maps["cos"][r, c])
+                opening = float(maps["width"][r, c]) * step["width_scale"]
+                out.append(
+                    {
+                        "row": r,
+                        "col": c,
+                        "angle": (a + math.pi / 2) % math.pi - math.pi / 2,
+                        "opening": opening,
+                        "jaw": opening * 0.5,
+                        "quality": float(maps["quality"][r, c]),
+                    }
+                )
+        elif op == "to_image":
+            scale, half = np.float32(S / side), np.float32(0.5)
+            for g in out:
+                r, c = g.pop("row"), g.pop("col")
+                g["x"] = float((np.float32(c) + half) / scale - half + box["x0"])
+                g["y"] = float((np.float32(r) + half) / scale - half + box["y0"])
+                g["opening"] *= side / S
+                g["jaw"] *= side / S
+        elif op != "flip_average":
+            raise SystemExit(f"model.json: postprocess step {op!r} is unknown to this client")
+    keep = ("x", "y", "angle", "opening", "jaw", "quality")
+    return [{k: g[k] for k in keep} for g in out]
+
+
+def check_files(folder: Path, meta: dict, sha256: bool) -> None:
+    """Every file ``model.json`` lists is present beside the model (onnxruntime would only
+    say "External data path does not exist"), with its size and, if asked, its sha256."""
+    for f in meta["files"]:
+        path = folder / f["name"]
+        if not path.is_file() or path.stat().st_size != f["bytes"]:
+            raise SystemExit(f"{path}: missing or not {f['bytes']} bytes; model.json lists it")
+        if sha256:
+            with open(path, "rb") as fh:
+                if hashlib.file_digest(fh, "sha256").hexdigest() != f["sha256"]:
+                    raise SystemExit(f"{path}: sha256 differs from model.json's")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="model.json (beside the model) states every step; see docs/deployment.md.",
+    )
     p.add_argument("model", help="model.onnx (its .json beside it unless --meta)")
     p.add_argument("images", nargs="+", help="image files (grasp models: one RGB view)")
     p.add_argument("--depth", help="grasp models: the view's depth file (float metres)")
     p.add_argument("--top", type=int, default=5, help="grasp models: grasps to print")
     p.add_argument("--json", action="store_true", help="grasp models: print grasps as JSON")
     p.add_argument("--meta", help="model.json (default: the model path with .json)")
-    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--topk", type=int, default=5, help="classifiers: classes to print")
+    p.add_argument("--verify", action="store_true", help="check the sha256 of model.json's files")
     p.add_argument("--probs", action="store_true", help="print every probability as JSON")
     args = p.parse_args()
     meta_path = Path(args.meta) if args.meta else Path(args.model).with_suffix(".json")
     meta = json.loads(meta_path.read_text())
     if meta.get("task") not in ("cls", "grasp"):
         raise SystemExit(f"{meta_path}: unknown task {meta.get('task')!r}")
+    check_files(Path(args.model).parent, meta, args.verify)
     so = ort.SessionOptions()
     # trained models underflow to denormals, which x86 runs several times slower
     so.add_session_config_entry("session.set_denormal_as_zero", "1")

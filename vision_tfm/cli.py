@@ -5,31 +5,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .data import build_eval_transform, load_image
 from .errors import ConfigError, MissingFileError, OutputExistsError, VisionTfmError
-from .io import check_writable_dir, load_checkpoint
+from .io import check_writable_dir
 from .models.convert import check_checkpoint_path
-from .tasks import ClassificationTask, eval_data_config
-from .tasks.grasp import draw_grasps, predict_grasps
+from .tasks.grasp import draw_grasps
+from .tasks.grasp.predict import GraspPredictor, is_view
+from .tasks.predict import (
+    Classifier,
+    Failed,
+    batched,
+    check_table_path,
+    expand_inputs,
+    write_table,
+)
 
 __all__ = ["main"]
-
-
-def _load_cls(args: argparse.Namespace) -> tuple[torch.nn.Module, dict, np.ndarray, torch.Tensor]:
-    """The classifier of ``--checkpoint``, its meta, and ``image`` raw and preprocessed."""
-    ckpt = load_checkpoint(args.checkpoint)
-    model, cfg = ClassificationTask.restore(ckpt, use_ema=args.ema, source=str(args.checkpoint))
-    meta = ckpt["meta"]
-    img = load_image(args.image, 1 if meta["in_chans"] == 1 else 3)
-    return model, meta, img, build_eval_transform(eval_data_config(cfg, meta))(img)[None]
 
 
 def _check_count(flag: str, value: int) -> None:
@@ -38,79 +38,198 @@ def _check_count(flag: str, value: int) -> None:
         raise ConfigError(f"{flag} must be >= 1, got {value}")
 
 
-def _need_inputs(checkpoint: str, *images: str | None) -> None:
-    """Missing inputs are the news, not an output that exists (checked next)."""
-    check_checkpoint_path(checkpoint)
-    for image in filter(None, images):
-        if not Path(image).is_file():
-            raise MissingFileError(f"image file not found: {image}")
-
-
-def _out_png(out: str | None, image: str, default_suffix: str, overwrite: bool) -> Path:
-    """The PNG path that will really be written, checked before any work.
+def _out_png(out: str, image: Path, overwrite: bool) -> Path:
+    """The PNG path ``--out`` names, checked before any work.
 
     With no extension ``.png`` is added (matplotlib would add it while saving, so the
     existence check and the printed path must see it). A folder is refused, as by
     ``vtfm export``; missing parent folders are created when the file is written.
     """
-    given = Path(out) if out is not None else Path(image).with_suffix("").name + default_suffix
-    path = Path(given)
-    path = path if path.suffix else path.with_name(path.name + ".png")
+    given = Path(out)
+    path = given if given.suffix else given.with_name(given.name + ".png")
     if path.suffix.lower() != ".png":
         raise ConfigError(f"--out must end in .png, got {out}")
-    for p in (Path(given), path):
+    for p in (given, path):
         if p.is_dir():
             raise ConfigError(f"--out: {p} is a folder; give the .png file path")
     folder = next(p for p in path.absolute().parents if p.exists())
     if not folder.is_dir():
         raise ConfigError(f"--out: cannot create a folder under {folder}: it is a file")
-    if path.exists() and path.resolve() == Path(image).resolve():
+    if path.exists() and path.resolve() == image.resolve():
         raise ConfigError(f"--out: {path} is the input image")
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{path} exists; pass --overwrite to replace it")
     return path
 
 
+def _out_pngs(args: argparse.Namespace, images: list[Path], suffix: str) -> list[Path]:
+    """The picture each input gets, all checked before any work: ``--out`` for one input,
+    else ``<stem><suffix>`` in ``--out-dir`` or beside the input (never the working folder
+    by surprise)."""
+    if args.out is not None:
+        if len(images) != 1:
+            raise ConfigError(f"--out names one PNG; for {len(images)} images pass --out-dir")
+        return [_out_png(args.out, images[0], args.overwrite)]
+    if args.out_dir is not None and Path(args.out_dir).is_file():
+        raise ConfigError(f"--out-dir: {args.out_dir} is a file, not a folder")
+    pngs: dict[Path, Path] = {}
+    for image in images:
+        png = (Path(args.out_dir) if args.out_dir else image.parent) / (image.stem + suffix)
+        if png in pngs:
+            raise ConfigError(
+                f"{pngs[png]} and {image} would both write {png}; run them with different --out-dir"
+            )
+        pngs[png] = image
+    existing = [p for p in pngs if p.exists()]
+    if existing and not args.overwrite:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise OutputExistsError(f"{existing[0]} exists{more}; pass --overwrite to replace it")
+    for folder in dict.fromkeys(p.parent for p in pngs):
+        check_writable_dir(folder, "--out-dir" if args.out_dir else "beside the input (--out-dir)")
+    return list(pngs)
+
+
+def _save_png(save: Callable[[Path], None], path: Path) -> None:
+    """``save(tmp)`` beside ``path``, then renamed over it: a picture is whole or absent."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        save(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {path}")
+
+
+def _report(failed: list[Failed], total: int) -> None:
+    """Exit 1 after the work when any file failed (each was named as it failed)."""
+    if failed:
+        print(f"not ok: {len(failed)} of {total} images failed (named above)", file=sys.stderr)
+        sys.exit(1)
+
+
+def _each_batch(
+    paths: list[Path], load: Callable, batch_size: int, failed: list[Failed]
+) -> Iterator[tuple[list[Path], list]]:
+    """:func:`batched`, naming each failed file on stderr as it fails."""
+    for names, items, fails in batched(paths, load, batch_size):
+        for f in fails:
+            print(f.line(), file=sys.stderr)
+        failed += fails
+        if items:
+            yield names, items
+
+
+GRASP_FIELDS = ("x", "y", "angle_deg", "opening", "jaw", "quality")
+
+
+def _cls_cells(row: dict) -> list:
+    """A predict row as CSV cells: the path, then label and score pairs, best first."""
+    return [row["path"]] + [v for t in row["top"] for v in (t["label"], t["score"])]
+
+
+def _grasp_cells(row: dict) -> list:
+    """A grasp row as CSV cells: the paths, then each grasp's fields, best first (a view
+    with fewer grasps than --top has a shorter row)."""
+    return [row["path"], row["depth"]] + [g[c] for g in row["grasps"] for c in GRASP_FIELDS]
+
+
 def cmd_predict(args: argparse.Namespace) -> None:
-    """Print the top-k classes of one image."""
+    """Print (or write with --output) the top-k classes of each image."""
     _check_count("--topk", args.topk)
-    model, meta, _, x = _load_cls(args)
-    with torch.no_grad():
-        prob = model(x).float().softmax(-1)[0]
-    k = min(args.topk, prob.numel())
-    top = prob.topk(k)
-    for p, i in zip(top.values.tolist(), top.indices.tolist()):
-        print(f"{meta['class_names'][i]:>20s}  {p:.4f}")
+    _check_count("--batch-size", args.batch_size)
+    check_checkpoint_path(args.checkpoint)
+    paths = expand_inputs(args.images)
+    out = check_table_path(args.output, args.overwrite)
+    clf = Classifier(args.checkpoint, args.ema)
+    rows: list[dict] = []
+    failed: list[Failed] = []
+    for names, xs in _each_batch(paths, clf.preprocess, args.batch_size, failed):
+        for path, top in zip(names, clf.top(torch.stack(xs), args.topk)):
+            rows.append({"path": str(path), "top": [{"label": n, "score": p} for n, p in top]})
+            if out is None:
+                if len(paths) > 1:
+                    print(f"{path}:")
+                for name, p in top:
+                    print(f"{name:>20s}  {p:.4f}")
+    if out is not None:
+        k = min(args.topk, len(clf.class_names))
+        header = ["path"] + [f"{c}_{i}" for i in range(1, k + 1) for c in ("label", "score")]
+        write_table(out, rows, header, _cls_cells)
+        print(f"wrote {out}: {len(rows)} image{'' if len(rows) == 1 else 's'}")
+    _report(failed, len(paths))
 
 
 def cmd_attention(args: argparse.Namespace) -> None:
-    """Write an attention-rollout heat map over the image."""
+    """Write an attention-rollout heat map over each image."""
     from .viz import attention_rollout, save_heatmap_overlay
 
-    _need_inputs(args.checkpoint, args.image)
-    out = _out_png(args.out, args.image, "_attention.png", args.overwrite)
-    model, _, img, x = _load_cls(args)
-    heat = attention_rollout(model, x, discard_ratio=args.discard_ratio)[0]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_heatmap_overlay(img, heat, out)
-    print(f"wrote {out}")
+    _check_count("--batch-size", args.batch_size)
+    if not 0 <= args.discard_ratio < 1:  # 1 would drop every link
+        raise ConfigError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
+    check_checkpoint_path(args.checkpoint)
+    paths = expand_inputs(args.images)
+    pngs = dict(zip(paths, _out_pngs(args, paths, "_attention.png")))
+    clf = Classifier(args.checkpoint, args.ema)
+
+    def load(path: Path) -> tuple[np.ndarray, torch.Tensor]:
+        img = clf.load(path)
+        return img, clf.transform(img)
+
+    failed: list[Failed] = []
+    for names, items in _each_batch(paths, load, args.batch_size, failed):
+        x = torch.stack([x for _, x in items])
+        heat = attention_rollout(clf.model, x, discard_ratio=args.discard_ratio)
+        for path, (img, _), h in zip(names, items, heat):
+            _save_png(lambda p: save_heatmap_overlay(img, h, p), pngs[path])  # noqa: B023
+    _report(failed, len(paths))
 
 
 def cmd_grasp(args: argparse.Namespace) -> None:
-    """Print the top grasps on one view and write an overlay PNG."""
+    """Print (or write with --output) the top grasps on each view, and an overlay PNG each."""
     _check_count("--top", args.top)
-    _need_inputs(args.checkpoint, args.image, args.depth)
-    out = _out_png(args.out, args.image, "_grasps.png", args.overwrite)
-    grasps, image = predict_grasps(args.checkpoint, args.image, args.depth, args.top, args.ema)
-    print(f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}")
-    for g in grasps:
-        print(
-            f"{g.x:8.1f} {g.y:8.1f} {math.degrees(g.angle):10.1f} {g.opening:8.1f} "
-            f"{g.jaw:8.1f} {g.quality:8.3f}"
+    _check_count("--batch-size", args.batch_size)
+    check_checkpoint_path(args.checkpoint)
+    if args.depth is not None and not Path(args.depth).is_file():
+        raise MissingFileError(f"depth file not found: {args.depth}")
+    paths = expand_inputs(args.images, keep=is_view)
+    if args.depth is not None and len(paths) != 1:
+        raise ConfigError(
+            f"--depth goes with one image, got {len(paths)}: without it each view's depth "
+            "file is found beside it by name (pcd0100r.png -> pcd0100d.tiff)"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    draw_grasps(image, grasps, None, out)
-    print(f"wrote {out}")
+    out = check_table_path(args.output, args.overwrite)
+    if not args.overlay and (args.out or args.out_dir):
+        raise ConfigError("--out and --out-dir name overlays, which --no-overlay turns off")
+    pngs = dict(zip(paths, _out_pngs(args, paths, "_grasps.png"))) if args.overlay else {}
+    predictor = GraspPredictor(args.checkpoint, args.ema)
+    rows: list[dict] = []
+    failed: list[Failed] = []
+    load = lambda path: predictor.load(path, args.depth)  # noqa: E731
+    for names, views in _each_batch(paths, load, args.batch_size, failed):
+        for path, view, grasps in zip(names, views, predictor.grasps(views, args.top)):
+            values = [
+                (g.x, g.y, math.degrees(g.angle), g.opening, g.jaw, g.quality) for g in grasps
+            ]
+            depth = str(view.depth) if view.depth is not None else ""
+            grasp_rows = [dict(zip(GRASP_FIELDS, v)) for v in values]
+            rows.append({"path": str(path), "depth": depth, "grasps": grasp_rows})
+            if out is None:
+                if len(paths) > 1:
+                    print(f"{path}:")
+                print(
+                    f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}"
+                )
+                for v in values:
+                    print("{:8.1f} {:8.1f} {:10.1f} {:8.1f} {:8.1f} {:8.3f}".format(*v))
+            if path in pngs:
+                _save_png(lambda p: draw_grasps(view.shown, grasps, None, p), pngs[path])  # noqa: B023
+    if out is not None:
+        header = ["path", "depth"]
+        header += [f"{c}_{i}" for i in range(1, args.top + 1) for c in GRASP_FIELDS]
+        write_table(out, rows, header, _grasp_cells)
+        print(f"wrote {out}: {len(rows)} image{'' if len(rows) == 1 else 's'}")
+    _report(failed, len(paths))
 
 
 def _hw(text: str) -> tuple[int, int]:
@@ -188,43 +307,75 @@ def cmd_benchmark(args: argparse.Namespace) -> None:
 
 
 _OUT_HELP = (
-    "PNG file to write; .png is added when there is no extension, missing folders are "
-    "created, an existing folder is refused"
+    "PNG file to write, for one image; .png is added when there is no extension, missing "
+    "folders are created, an existing folder is refused"
 )
+_INPUTS_HELP = (
+    "image files, folders (searched recursively) and globs ('imgs/**/*.png'); a search skips "
+    "the pictures attention and grasp write (*_attention.png, *_grasps.png)"
+)
+
+
+def _add_many(parser: argparse.ArgumentParser, what: str) -> None:
+    """What predict, attention and grasp share: the inputs, the batch size, ``--output`` (where
+    ``what`` names a row's contents), ``--overwrite`` and ``--ema``."""
+    parser.add_argument("images", nargs="+", help=_INPUTS_HELP)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--batch-size", type=int, default=16, help="images per forward pass")
+    if what:
+        parser.add_argument(
+            "--output",
+            help=f"write one row per image with its {what} to a .csv or .jsonl file (then "
+            "nothing is printed per image); files that fail are named on stderr, not written",
+        )
+    parser.add_argument("--overwrite", action="store_true")
+    _add_ema(parser)
+
+
+def _add_pictures(parser: argparse.ArgumentParser, suffix: str) -> None:
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--out", help=_OUT_HELP)
+    out.add_argument(
+        "--out-dir",
+        help=f"folder for the pictures, <image stem>{suffix} each (default: beside each image)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vtfm", description="vision_tfm command line")
     sub = p.add_subparsers(dest="cmd", required=True)
-    pr = sub.add_parser("predict", help="top-k classes of an image")
-    pr.add_argument("image")
-    pr.add_argument("--checkpoint", required=True)
+    pr = sub.add_parser("predict", help="top-k classes of images")
+    _add_many(pr, "top-k labels and scores")
     pr.add_argument(
-        "--topk", type=int, default=5, help="classes to print, >= 1 (capped at the class count)"
+        "--topk", type=int, default=5, help="classes per image, >= 1 (capped at the class count)"
     )
-    _add_ema(pr)
     pr.set_defaults(fn=cmd_predict)
-    at = sub.add_parser("attention", help="ViT attention-rollout heat map as a PNG")
-    at.add_argument("image")
-    at.add_argument("--checkpoint", required=True)
-    at.add_argument("--out", help=f"{_OUT_HELP} (default: <image>_attention.png)")
+    at = sub.add_parser("attention", help="ViT attention-rollout heat maps as PNGs")
+    _add_many(at, "")
+    _add_pictures(at, "_attention.png")
     at.add_argument(
         "--discard-ratio",
         type=float,
         default=0.0,
         help="fraction in [0, 1) of the weakest attention links dropped per layer",
     )
-    at.add_argument("--overwrite", action="store_true")
-    _add_ema(at)
     at.set_defaults(fn=cmd_attention)
-    gr = sub.add_parser("grasp", help="top grasps (x, y, angle, opening, jaw) + overlay PNG")
-    gr.add_argument("image")
-    gr.add_argument("--depth", help="depth TIFF (needed by depth / RGB-D models)")
-    gr.add_argument("--checkpoint", required=True)
-    gr.add_argument("--top", type=int, default=5, help="number of grasps, >= 1")
-    gr.add_argument("--out", help=f"{_OUT_HELP} (default: <image>_grasps.png)")
-    gr.add_argument("--overwrite", action="store_true")
-    _add_ema(gr)
+    gr = sub.add_parser("grasp", help="top grasps (x, y, angle, opening, jaw) + overlay PNGs")
+    _add_many(gr, "top grasps (x, y, angle_deg, opening, jaw, quality)")
+    gr.add_argument(
+        "--depth",
+        help="depth TIFF of the one image (depth / RGB-D models); without it each view's is "
+        "found beside it by name (pcd0100r.png -> pcd0100d.tiff, *_RGB.png -> "
+        "*_perfect_depth.tiff)",
+    )
+    gr.add_argument("--top", type=int, default=5, help="grasps per view, >= 1")
+    _add_pictures(gr, "_grasps.png")
+    gr.add_argument(
+        "--overlay",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write an overlay PNG per view (default: on)",
+    )
     gr.set_defaults(fn=cmd_grasp)
     _add_export(sub)
     _add_benchmark(sub)

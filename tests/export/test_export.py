@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import json
 import platform
@@ -170,11 +171,19 @@ def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
     modes = ("dynamic", "static")
     d = vit_export
     meta = json.loads((d / "model.json").read_text())
-    assert (d / "model.onnx").is_file() and meta["external_data"] == ["model.onnx.data"]
-    assert (d / "model.onnx.data").is_file()
+    (fp32,) = meta["files"]  # one self-contained file: no model.onnx.data
+    assert fp32["name"] == "model.onnx" and not (d / "model.onnx.data").exists()
+    assert fp32["bytes"] == (d / "model.onnx").stat().st_size
+    assert fp32["sha256"] == hashlib.sha256((d / "model.onnx").read_bytes()).hexdigest()
     assert meta["model_name"] == "vit_mnist" and meta["in_chans"] == 1
     assert meta["img_size"] == [28, 28] and meta["input_shape"] == ["batch", 1, "height", "width"]
-    assert meta["mean"] == list(MNIST_MEAN) and meta["class_names"][3] == "3"
+    assert meta["inputs"] == [
+        {"name": "image", "shape": ["batch", 1, "height", "width"], "dtype": "float32"}
+    ]
+    assert meta["outputs"] == [{"name": "logits", "shape": ["batch", 10], "dtype": "float32"}]
+    (norm,) = [s for s in meta["preprocess"]["steps"] if s["op"] == "normalize"]
+    assert norm["mean"] == list(MNIST_MEAN) and meta["class_names"][3] == "3"
+    assert "mean" not in meta and "std" not in meta  # stated once, in their step
     assert len(meta["config_hash"]) == 12 and {"torch", "vision_tfm"} <= set(meta["versions"])
     assert meta["opset"] == 18 and meta["attention"] == "fused"
     checks = meta["parity"]["checks"]
@@ -185,6 +194,7 @@ def test_dynamic_export_parity_metadata_and_int8(vit_export: Path) -> None:
     for mode in modes:
         q = json.loads((d / f"model-int8-{mode}.json").read_text())
         assert q["format"] == f"onnx-int8-{mode}" and (d / q["file"]).is_file()
+        assert [f["name"] for f in q["files"]] == [q["file"]]  # its own file, not fp32's
         assert 0.0 <= q["top1_agreement"] <= 1.0 and q["val_images"] == 128
         assert q["metric_delta"] == pytest.approx(q["top1"] - q["top1_fp32"])
         assert q["size_mb"] < meta["size_mb"]
@@ -293,20 +303,42 @@ def test_grasp_exports_the_four_maps_as_one_output(tmp_path: Path) -> None:
     assert [o.name for o in sess.get_outputs()] == ["maps"]
     meta = json.loads((tmp_path / "model.json").read_text())
     assert meta["task"] == "grasp" and meta["parity"]["ok"] and meta["in_chans"] == 4
-    assert meta["preprocess"]["channels"] == ["R", "G", "B", "D"] and meta["output_names"] == [
-        "maps"
-    ]
     pre, post = meta["preprocess"], meta["postprocess"]
-    assert pre["contract"] == "vision_tfm.grasp.preprocess/3" and pre["resize"]["size"] == [32, 32]
-    assert "quality, cos, sin, width" in post["outputs"]["maps"]
+    steps = {s["op"]: s for s in pre["steps"]}
+    assert [s["op"] for s in pre["steps"]] == [
+        "decode",
+        "convert",
+        "decode_depth",
+        "center_crop_square",
+        "fill_depth_holes",  # on the crop, before the resize
+        "resize_area",
+        "center_depth",
+        "normalize_rgb",
+        "to_tensor",
+    ]
+    assert steps["to_tensor"]["channels"] == ["R", "G", "B", "D"]
+    assert meta["outputs"] == [{"name": "maps", "shape": ["batch", 4, 32, 32], "dtype": "float32"}]
+    assert pre["contract"] == "vision_tfm.grasp.preprocess/4"
+    assert steps["resize_area"]["size"] == [32, 32] and steps["center_crop_square"]["size"] == 300
+    assert post["maps"]["channels"] == ["quality", "cos", "sin", "width"]
     (maps,) = sess.run(
         None, {"image": np.random.default_rng(0).normal(size=(2, 4, 32, 32)).astype(np.float32)}
     )
     assert maps.shape == (2, 4, 32, 32)
     assert (maps[:, [0, 3]] >= 0).all() and (maps[:, [0, 3]] <= 1).all() and (maps >= -1).all()
-    assert "8 neighbours" in pre["depth"]["holes"] and post["filter"]["sigma"]["quality"] == 2.0
-    assert_rules_documented(pre["spec"], "8 neighbours", "area average")
+    post_steps = {s["op"]: s for s in post["steps"]}
+    assert [s["op"] for s in post["steps"]] == [
+        "flip_average",
+        "gaussian_filter",
+        "peaks",
+        "grasps",
+        "to_image",
+    ]
+    assert post_steps["gaussian_filter"]["sigma"]["quality"] == 2.0
+    assert_rules_documented(pre["spec"], "8 neighbours", "area average", "max(std, min_std)")
     assert_rules_documented(post["spec"], "GaussianBlur", "Chebyshev distance")
+    for step in pre["steps"] + post["steps"]:  # each step's section states its rules
+        assert_rules_documented(step["spec"], f"`{step['op']}")
 
 
 def test_data_root_that_moved_is_named_and_data_points_at_it(
@@ -351,10 +383,21 @@ def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
     meta = json.loads((tmp_path / "model.json").read_text())
     assert meta["img_size"] == [28, 42] and meta["input_shape"] == [1, 1, 28, 42]
     assert meta["train_img_size"] == [28, 28]
-    pre = meta["preprocess"]
-    assert pre["resize"]["short_side"] == 28 and pre["center_crop"]["size"] == [28, 28]
-    assert "INTER_CUBIC" in pre["resize"]["filter"] and pre["channels"]["mode"] == "L"
-    assert_rules_documented(pre["spec"], "Keys kernel a = -0.75", "(v + 2**21) >> 22")
+    steps = {s["op"]: s for s in meta["preprocess"]["steps"]}
+    assert steps["resize_short_side"]["size"] == 28 and steps["center_crop"]["size"] == [28, 28]
+    assert "not OpenCV's" in steps["resize_short_side"]["not"] and steps["convert"]["to"] == "L"
+    assert steps["convert"]["luma"] == {"weights": [19595, 38470, 7471], "add": 32768, "shift": 16}
+    assert meta["size_order"] == "[height, width]"
+    assert_rules_documented(
+        steps["resize_short_side"]["spec"],
+        "Keys kernel a = -0.75",
+        "(v + 2**21) >> 22",
+        "not OpenCV's resize",
+        "[H, W]",
+        "cast each to float32",
+    )
+    assert_rules_documented(steps["decode"]["spec"], "(v + 128) // 257", "`v >> 8`", "EXIF")
+    assert_rules_documented(steps["convert"]["spec"], "R * 19595 + G * 38470 + B * 7471 + 32768")
     assert meta["checkpoint"] == "vit_mnist.pt"  # a name: a path would leak the machine
     assert (tmp_path / "model-int8-dynamic.onnx").is_file()
     capsys.readouterr()
@@ -363,7 +406,6 @@ def test_fixed_size_export_metadata_and_overwrite_leaves_no_stale_int8(
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "model.json",
         "model.onnx",
-        "model.onnx.data",
         "vit_mnist.pt",
     ]
 
@@ -378,8 +420,7 @@ def test_failed_parity_exits_nonzero_says_by_how_much_and_writes_nothing(
     from vision_tfm.export.source import ExportSource
 
     def reuse_export(model, example, path, **kw) -> None:
-        for name in ("model.onnx", "model.onnx.data"):
-            shutil.copy(vit_export / name, Path(path).parent / name)
+        shutil.copy(vit_export / "model.onnx", Path(path).parent / "model.onnx")
 
     honest = ExportSource.torch_runner
     monkeypatch.setattr(pipeline, "export_onnx", reuse_export)

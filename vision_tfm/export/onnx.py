@@ -12,6 +12,7 @@ attend over windows (Swin) take the explicit path for the export (:func:`export_
 
 from __future__ import annotations
 
+import hashlib
 import math
 import shutil
 import tempfile
@@ -35,6 +36,12 @@ DEFAULT_OPSET = 18
 ATTENTION_OPSET = 23  # SDPA -> the ONNX Attention op from here on
 MAX_OPSET = 25  # the newest opset onnxruntime 1.32 runs
 DYNAMIC_AXES = ("batch", "hw")
+SINGLE_FILE_LIMIT = 2_000_000_000
+"""Bytes of weights up to which a model is written as one self-contained ``.onnx`` file.
+
+Protobuf caps a serialised model at 2 GiB (2,147,483,648 bytes); the graph itself needs some
+of that room. Larger models keep their weights in ``<name>.onnx.data`` beside the graph, and
+``model.json`` lists both files."""
 ATTENTION_MODES = ("auto", "fused", "explicit")
 ORT_SESSION_CONFIG = {
     "session.intra_op.allow_spinning": "1",  # within a run: no wake-up latency per op
@@ -141,8 +148,11 @@ def export_onnx(
     output_names: Sequence[str],
     dynamic: frozenset[str] = frozenset({"batch"}),
     opset: int = DEFAULT_OPSET,
+    single_file_limit: int | None = None,
 ) -> None:
-    """Export ``model`` traced at ``example`` to ``path`` plus ``path.data`` (the weights).
+    """Export ``model`` traced at ``example`` to ``path``: one file when its weights take at
+    most ``single_file_limit`` bytes (default :data:`SINGLE_FILE_LIMIT`), else the graph plus
+    ``path.data`` (the weights).
 
     Raises:
         ValueError: The exporter failed; the message keeps its first line and root cause.
@@ -173,7 +183,10 @@ def export_onnx(
     axis_names = {0: "batch", 2: "height", 3: "width"}
     prog.rename_axes({shape[i]: axis_names[i] for i in dims})
     _name_outputs(graph, output_names)
-    prog.save(str(path), external_data=True)
+    inits = graph.initializers.values()
+    weights = sum(v.const_value.nbytes for v in inits if v.const_value is not None)
+    limit = SINGLE_FILE_LIMIT if single_file_limit is None else single_file_limit
+    prog.save(str(path), external_data=weights > limit)
 
 
 def _translations(opset: int) -> dict[Any, Any]:
@@ -230,10 +243,41 @@ def _name_outputs(graph: Any, names: Sequence[str]) -> None:
 
 
 def model_files(path: str | Path) -> list[Path]:
-    """An ONNX file plus its external-data file, where there is one."""
+    """An ONNX file plus its external-data file, where there is one: what must ship together."""
     path = Path(path)
     data = path.with_name(path.name + ".data")
     return [path, data] if data.exists() else [path]
+
+
+def file_records(path: str | Path) -> list[dict[str, Any]]:
+    """``model.json``'s ``files``: name, size and sha256 of every file the model needs, so a
+    copy can be checked where it lands."""
+    records = []
+    for p in model_files(path):
+        with open(p, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        records.append({"name": p.name, "bytes": p.stat().st_size, "sha256": digest})
+    return records
+
+
+def graph_signature(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The graph's ``inputs`` and ``outputs`` as ``model.json`` states them: name, shape (a
+    name for a dynamic axis) and dtype, read from the file a runtime will load."""
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def describe(v: Any) -> dict[str, Any]:
+        t = v.type.tensor_type
+        shape = [d.dim_param or d.dim_value for d in t.shape.dim]
+        return {"name": v.name, "shape": shape, "dtype": tensor_dtype_to_np_dtype(t.elem_type).name}
+
+    inits = {i.name for i in graph.initializer}
+    return {
+        "inputs": [describe(v) for v in graph.input if v.name not in inits],
+        "outputs": [describe(v) for v in graph.output],
+    }
 
 
 def size_mb(path: str | Path) -> float:

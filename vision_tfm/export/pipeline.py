@@ -24,7 +24,8 @@ from .onnx import (
     check_parity,
     export_attention,
     export_onnx,
-    model_files,
+    file_records,
+    graph_signature,
     ort_runner,
     ort_session,
     parity_inputs,
@@ -170,20 +171,26 @@ def export_checkpoint(
         meta["parity"] = report.as_dict()
         if opts.int8:
             meta["int8"] = _quantise(source, fp32, size, opts, calib, log)
+        ships = [[p["name"] for p in meta["files"]] + [out.with_suffix(".json").name]]
         for mode, result in meta.get("int8", {}).items():
             q = int8_path(out, mode)
-            info = {k: v for k, v in meta.items() if k not in ("int8", "parity", "external_data")}
+            info = {k: v for k, v in meta.items() if k not in ("int8", "parity")}
             fmt = next(f for f, m in INT8_FORMATS.items() if m == mode)
-            info.update(format=fmt, file=q.name, fp32_file=out.name, **result)
+            info.update(format=fmt, fp32_file=out.name, **result)
+            info.update(file=q.name, files=file_records(tmp / q.name))
             _write_json(tmp / q.with_suffix(".json").name, info)
+            ships.append([p["name"] for p in info["files"]] + [q.with_suffix(".json").name])
         _write_json(tmp / out.with_suffix(".json").name, meta)
         written = _install(tmp, out.parent, [p.name for p in planned])
-    if opts.overwrite:  # int8 files of the replaced export would describe another fp32 model
-        for p in export_files(out):
-            if p not in planned and p.exists():
-                p.unlink()
-                log(f"removed {p} (left from the export this one replaced)")
+    # what the replaced export left: int8 files describing another fp32 model, or the weights
+    # file of a model that now fits in one file
+    stale = [p for p in export_files(out) if p not in written and p.exists()]
+    for p in stale if opts.overwrite else []:
+        p.unlink()
+        log(f"removed {p} (left from the export this one replaced)")
     log(f"wrote {', '.join(str(p) for p in written)}")
+    for names in ships:
+        log(f"ship together: {', '.join(names)}")
     return meta
 
 
@@ -208,10 +215,11 @@ def _metadata(
         "train_img_size": info["img_size"],
         "format": "onnx",
         "file": fp32.name,  # staged under the name it is installed with
-        "external_data": [p.name for p in model_files(fp32)[1:]],
+        "files": file_records(fp32),  # every file the graph needs: one below 2 GB of weights
         "size_mb": size_mb(fp32),
         "opset": opts.opset,
         "input_shape": [batch, source.in_chans, *hw],
+        **graph_signature(fp32),  # inputs and outputs: names, shapes, dtypes
         "dynamic_axes": sorted(dynamic),
         "attention": attention,
     }

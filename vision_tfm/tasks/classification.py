@@ -27,6 +27,7 @@ from ..models import get_model_entry, load_pretrained
 from ..viz import plot_confusion, plot_curves
 from .base import Runner, Task, TopGrasp, register_task
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
+from .spec import DOC, SIZE_ORDER, convert_step, decode_step
 
 
 @dataclass
@@ -84,24 +85,55 @@ def _floats(v: Any, n: int) -> bool:
     )
 
 
-CLS_CONTRACT = "vision_tfm.cls.preprocess/1"
+CLS_SPEC = f"{DOC}#classification-preprocessing"
+CLS_CONTRACT = "vision_tfm.cls.preprocess/2"
 """The preprocessing ``vtfm predict`` applies; its rules: docs/deployment.md. Bump the number
-when a step changes."""
+when a step changes (/2: the steps are an ordered list, decoding and luma stated)."""
 
 
 def cls_preprocess(img_size: int, crop_pct: float, in_chans: int, mean: Any, std: Any) -> dict:
-    """``vtfm predict``'s preprocessing as the values a runtime without vision_tfm needs;
-    every step's library, dtype and rounding are stated under the contract's name in
-    ``docs/deployment.md`` (``examples/onnx_client.py`` follows them)."""
+    """``vtfm predict``'s preprocessing as the ordered steps a runtime without vision_tfm
+    repeats; each step links the section of ``docs/deployment.md`` that states its rules
+    (``examples/onnx_client.py`` follows them)."""
+    mode = "L" if in_chans == 1 else "RGB"
     return {
         "contract": CLS_CONTRACT,
-        "spec": "docs/deployment.md#classification-preprocessing",
-        "channels": {"mode": "L" if in_chans == 1 else "RGB"},
-        "resize": {"short_side": int(img_size / crop_pct), "filter": "bicubic (INTER_CUBIC)"},
-        "center_crop": {"size": [img_size, img_size]},
-        "normalize": {"mean": list(mean), "std": list(std)},
-        "layout": "NCHW float32",
-        "output": "logits",
+        "spec": CLS_SPEC,
+        "steps": [
+            decode_step(),
+            convert_step(mode),
+            {
+                "op": "resize_short_side",
+                "spec": CLS_SPEC,
+                "size": int(img_size / crop_pct),
+                "long_side": "max(1, round(long * size / short)), float64, half to even",
+                "kernel": "bicubic, Keys a = -0.75, 4 taps clamped to the edge",
+                "weights": "float32, times 2048, rounded half to even to integers",
+                "arithmetic": "int64, along W then H; (v + 2**21) >> 22 clipped to 0..255",
+                "not": "not OpenCV's cv2.resize, whose vectorised code rounds otherwise",
+            },
+            {
+                "op": "center_crop",
+                "spec": CLS_SPEC,
+                "size": [img_size, img_size],  # [H, W]
+                "offset": "top = (height - H) // 2, left = (width - W) // 2",
+            },
+            {
+                "op": "normalize",
+                "spec": CLS_SPEC,
+                "mean": [float(v) for v in mean],
+                "std": [float(v) for v in std],
+                "dtype": "float32",
+                "formula": "(v - mean * 255) * (1 / (std * 255)), mean and std cast to float32",
+            },
+            {
+                "op": "to_tensor",
+                "spec": CLS_SPEC,
+                "layout": "NCHW",
+                "dtype": "float32",
+                "channels": list(mode),
+            },
+        ],
     }
 
 
@@ -287,12 +319,17 @@ class ClassificationTask(Task):
     def deploy_spec(self, meta: dict[str, Any], img_size: tuple[int, int]) -> dict[str, Any]:
         m = meta
         return {
-            "mean": m["mean"],
-            "std": m["std"],
+            "size_order": SIZE_ORDER,
             "class_names": m["class_names"],
             "preprocess": cls_preprocess(
                 img_size[0], self.cfg.data.crop_pct, m["in_chans"], m["mean"], m["std"]
             ),
+            "postprocess": {
+                "spec": CLS_SPEC,
+                "output": "logits",
+                "probabilities": "softmax over the last axis",
+                "labels": "class_names[i] for output index i",
+            },
         }
 
     @classmethod

@@ -1,11 +1,14 @@
-"""Single-view inference on a raw image, as ``vtfm grasp`` runs it.
+"""Inference on raw views, as ``vtfm grasp`` runs it: one checkpoint, many views, in batches.
 
-The view is cropped exactly as validation crops it (:func:`vision_tfm.data.grasp.crop_box` at
+Each view is cropped exactly as validation crops it (:func:`vision_tfm.data.grasp.crop_box` at
 the image centre), so the figure a run reports is the one this path gets.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +16,106 @@ import torch
 
 from ...constants import MAP_KEYS
 from ...data.grasp import crop_box, crop_resize, load_depth, load_rgb, output_to_crop, to_input
-from ...errors import ConfigError, InputError
+from ...errors import ConfigError, InputError, MissingFileError
 from ...grasp import Grasp, decode_grasps
 from ...io import load_checkpoint
+from ..predict import is_image
 from .inference import grasp_maps
 from .task import GraspTask
+
+_DEPTH_OF = (  # an RGB view's name -> its depth file's, in the datasets' layouts
+    (re.compile(r"^(pcd\d+)r\.png$"), r"\1d.tiff"),  # Cornell
+    (re.compile(r"^(.*)_RGB\.png$"), r"\1_perfect_depth.tiff"),  # Jacquard
+)
+_NOT_VIEWS = re.compile(r"(^pcd\d+d\.tiff$)|(_(perfect|stereo)_depth\.tiff$)|(_mask\.png$)")
+
+
+def depth_beside(image: str | os.PathLike) -> Path | None:
+    """The depth file a Cornell (``pcd0100r.png``) or Jacquard (``*_RGB.png``) view has beside
+    it by the dataset's naming; None for any other name."""
+    image = Path(image)
+    for pattern, repl in _DEPTH_OF:
+        if pattern.match(image.name):
+            return image.with_name(pattern.sub(repl, image.name))
+    return None
+
+
+def is_view(path: Path) -> bool:
+    """Whether a folder's file is an RGB view: an image that is not a dataset's depth map or
+    mask (``pcd0100d.tiff``, ``*_perfect_depth.tiff``, ``*_mask.png``)."""
+    return is_image(path) and not _NOT_VIEWS.search(path.name)
+
+
+@dataclass
+class View:
+    """One raw view, preprocessed: the model's input, the crop it came from, what is shown."""
+
+    x: torch.Tensor  # (C, S, S) float32
+    box: tuple[int, int, int]  # (x0, y0, side) of the centre crop
+    shown: np.ndarray  # the RGB image, (H, W, 3) uint8
+    depth: Path | None = None  # the depth file read, where the model takes depth
+
+
+class GraspPredictor:
+    """A grasp checkpoint with the validation preprocessing and decoding, loaded once."""
+
+    def __init__(self, checkpoint: str | os.PathLike, use_ema: bool | None = None) -> None:
+        self.model, self.cfg = GraspTask.restore(
+            load_checkpoint(checkpoint), use_ema, str(checkpoint)
+        )
+
+    @property
+    def needs_depth(self) -> bool:
+        return self.cfg.data.input != "rgb"
+
+    def load(self, image: str | os.PathLike, depth: str | os.PathLike | None = None) -> View:
+        """Decode, crop and normalise one view; a depth model without ``depth`` looks for the
+        depth file beside ``image`` (:func:`depth_beside`)."""
+        d = self.cfg.data
+        rgb = load_rgb(image)
+        dep = None
+        if self.needs_depth:
+            if depth is None:
+                depth = depth_beside(image)
+                if depth is None:
+                    raise ConfigError(
+                        f"{image}: the model takes input={d.input!r} and no depth file is "
+                        "named after it (pcd0100r.png -> pcd0100d.tiff, *_RGB.png -> "
+                        "*_perfect_depth.tiff); pass --depth with one image"
+                    )
+                if not Path(depth).is_file():
+                    raise MissingFileError(f"{image}: depth file not found: {depth}")
+            dep = load_depth(depth)
+        H, W = rgb.shape[:2]
+        if dep is not None and dep.shape != (H, W):
+            raise InputError(f"depth {dep.shape} does not match image {(H, W)}: {depth}")
+        box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
+        rgb_c, dep_c = crop_resize(rgb if d.input != "depth" else None, dep, box, d.output_size)
+        x = to_input(rgb_c, dep_c, d.normalise)
+        return View(x, box, rgb, Path(depth) if depth is not None else None)
+
+    @torch.no_grad()
+    def grasps(self, views: list[View], top_n: int) -> list[list[Grasp]]:
+        """The ``top_n`` best grasps of each view, in the view's own pixel coordinates, from one
+        batched forward pass (and its flips, with ``eval.flip_tta``)."""
+        x = torch.stack([v.x for v in views])
+        out = grasp_maps(self.model, x, self.cfg.eval.flip_tta)
+        kw = self.cfg.eval.decode_kwargs(self.cfg.data.width_scale)
+        S = self.cfg.data.output_size
+        result = []
+        for i, view in enumerate(views):
+            maps = {k: out[k][i, 0].float().numpy() for k in MAP_KEYS}
+            scale = view.box[2] / S
+            grasps = []
+            for g in decode_grasps(**maps, num_grasps=top_n, **kw):
+                ((px, py),) = output_to_crop(np.array([[g.x, g.y]], np.float32), view.box, S)
+                grasps.append(
+                    Grasp(
+                        float(px), float(py), g.angle, g.opening * scale, g.jaw * scale, g.quality
+                    )
+                )
+            result.append(grasps)
+        return result
 
 
 def predict_grasps(
@@ -31,31 +129,12 @@ def predict_grasps(
 
     The view gets the validation preprocessing (centre square crop of ``crop_size``, resize,
     normalisation, depth hole filling) and decoding (filters, ``eval.flip_tta``). Returns the
-    grasps and the RGB (or depth) image.
+    grasps and the RGB image.
     """
-    model, cfg = GraspTask.restore(load_checkpoint(checkpoint), use_ema, str(checkpoint))
-    d = cfg.data
-    rgb = load_rgb(image) if d.input != "depth" else None
-    dep = None
-    if d.input != "rgb":
-        if depth is None:
-            raise ConfigError(f"the model takes input={d.input!r}: pass --depth with a depth file")
-        dep = load_depth(depth)
-    shown = rgb if rgb is not None else load_rgb(image)
-    H, W = shown.shape[:2]
-    if dep is not None and dep.shape != (H, W):
-        raise InputError(f"depth {dep.shape} does not match image {(H, W)}: {depth}")
-    box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
-    rgb_c, dep_c = crop_resize(rgb, dep, box, d.output_size)
-    with torch.no_grad():
-        out = grasp_maps(model, to_input(rgb_c, dep_c, d.normalise)[None], cfg.eval.flip_tta)
-    maps = {k: out[k][0, 0].float().numpy() for k in MAP_KEYS}
-    preds = decode_grasps(**maps, num_grasps=top_n, **cfg.eval.decode_kwargs(d.width_scale))
-    scale = box[2] / d.output_size
-    grasps = []
-    for g in preds:
-        ((x, y),) = output_to_crop(np.array([[g.x, g.y]], np.float32), box, d.output_size)
-        grasps.append(
-            Grasp(float(x), float(y), g.angle, g.opening * scale, g.jaw * scale, g.quality)
+    predictor = GraspPredictor(checkpoint, use_ema)
+    if predictor.needs_depth and depth is None:
+        raise ConfigError(
+            f"the model takes input={predictor.cfg.data.input!r}: pass --depth with a depth file"
         )
-    return grasps, shown
+    view = predictor.load(image, depth)
+    return predictor.grasps([view], top_n)[0], view.shown

@@ -1,8 +1,8 @@
 """What ``model.json`` records of a grasp model's preprocessing and decoding.
 
-The values a runtime without vision_tfm needs; the rules behind each step (library, dtype,
-rounding) are stated under the contract's name in ``docs/deployment.md``, which
-``examples/onnx_client.py`` follows.
+The ordered steps a runtime without vision_tfm repeats, with their numbers; the rules behind
+each step (dtype, rounding) are stated in the section of ``docs/deployment.md`` it links,
+which ``examples/onnx_client.py`` follows.
 """
 
 from __future__ import annotations
@@ -12,48 +12,139 @@ from typing import Any
 from ...constants import MAP_KEYS
 from ...data.grasp import DEPTH_CLIP, RGB_MEAN, RGB_STD
 from ...grasp import MAP_ACTIVATIONS
+from ..spec import DOC, convert_step, decode_step
 
-GRASP_CONTRACT = "vision_tfm.grasp.preprocess/3"
-"""Bump when a step or the graph's outputs change (/3: one "maps" output)."""
+GRASP_CONTRACT = "vision_tfm.grasp.preprocess/4"
+"""Bump when a step or the graph's outputs change (/3: one "maps" output; /4: the steps and
+the decoding are ordered lists, image decoding stated)."""
+PRE_SPEC = f"{DOC}#grasp-preprocessing"
+POST_SPEC = f"{DOC}#grasp-decoding"
 
 _CHANNELS = {"rgb": ["R", "G", "B"], "depth": ["D"], "rgbd": ["R", "G", "B", "D"]}
 
 
 def grasp_preprocess(cfg: Any) -> dict[str, Any]:
-    """``vtfm grasp``'s preprocessing of an RGB-D pair: centre crop, area resize, depth hole
-    filling and centring, RGB normalisation."""
+    """``vtfm grasp``'s preprocessing of an RGB-D pair as ordered steps: decoding, centre
+    crop, depth hole filling, area resize, depth centring, normalisation."""
     d = cfg.data
-    return {
-        "contract": GRASP_CONTRACT,
-        "spec": "docs/deployment.md#grasp-preprocessing",
-        "channels": _CHANNELS[d.input],
-        "crop": {"size": d.crop_size or None},
-        "resize": {"size": [d.output_size, d.output_size], "rule": "area"},
-        "depth": {"clip": DEPTH_CLIP, "holes": "filled from their 8 neighbours"},
-        "normalise": d.normalise,
-        "rgb": {"mean": RGB_MEAN.tolist(), "std": RGB_STD.tolist()},
-        "layout": "NCHW float32, channels in the order above (depth last)",
-    }
+    rgb, depth = d.input != "depth", d.input != "rgb"
+    both = [k for k, used in (("rgb", rgb), ("depth", depth)) if used]
+    steps: list[dict[str, Any]] = []
+    if rgb:
+        steps += [decode_step("rgb"), convert_step("RGB", "rgb")]
+    if depth:
+        steps.append(
+            {
+                "op": "decode_depth",
+                "spec": PRE_SPEC,
+                "file": "depth",
+                "dtype": "float32",
+                "unit": "metres",
+                "shape": "(H, W), the RGB image's",
+            }
+        )
+    steps.append(
+        {
+            "op": "center_crop_square",
+            "spec": PRE_SPEC,
+            "applies_to": both,
+            "size": d.crop_size or None,
+            "side": "min(size, H, W); min(H, W) when size is null",
+            "offset": "x0 = (W - side) // 2, y0 = (H - side) // 2",
+        }
+    )
+    if depth:
+        steps.append(
+            {
+                "op": "fill_depth_holes",
+                "spec": PRE_SPEC,
+                "applies_to": ["depth"],
+                "holes": "NaN, inf or <= 0",
+                "rule": "rounds of the mean of valid 8 neighbours",
+            }
+        )
+    steps.append(
+        {
+            "op": "resize_area",
+            "spec": PRE_SPEC,
+            "applies_to": both,
+            "size": [d.output_size, d.output_size],
+            "rule": "area average, float64",
+        }
+    )
+    if depth:
+        steps.append(
+            {"op": "center_depth", "spec": PRE_SPEC, "applies_to": ["depth"], "clip": DEPTH_CLIP}
+        )
+    if d.normalise == "image":
+        steps.append(
+            {
+                "op": "standardise",
+                "spec": PRE_SPEC,
+                "applies_to": both,
+                "min_std": 1e-6,
+                "rule": "each of rgb and depth on its own mean and std, float32",
+            }
+        )
+    elif rgb:
+        steps.append(
+            {
+                "op": "normalize_rgb",
+                "spec": PRE_SPEC,
+                "applies_to": ["rgb"],
+                "mean": RGB_MEAN.tolist(),
+                "std": RGB_STD.tolist(),
+                "dtype": "float32",
+                "formula": "(v / 255 - mean) / std, mean and std cast to float32",
+            }
+        )
+    steps.append(
+        {
+            "op": "to_tensor",
+            "spec": PRE_SPEC,
+            "layout": "NCHW",
+            "dtype": "float32",
+            "channels": _CHANNELS[d.input],
+        }
+    )
+    return {"contract": GRASP_CONTRACT, "spec": PRE_SPEC, "steps": steps}
 
 
 def grasp_postprocess(cfg: Any) -> dict[str, Any]:
-    """How ``vtfm grasp`` turns the graph's four maps into grasps on the raw image."""
+    """How ``vtfm grasp`` turns the graph's four maps into grasps on the raw image, in order."""
     kw = cfg.eval.decode_kwargs(cfg.data.width_scale)
+    angle = kw["angle_sigma"]
     return {
-        "spec": "docs/deployment.md#grasp-decoding",
-        "outputs": {
-            "maps": f"(N, {len(MAP_KEYS)}, H, W) float32, channels {', '.join(MAP_KEYS)}",
+        "spec": POST_SPEC,
+        "maps": {
+            "output": "maps",
+            "channels": list(MAP_KEYS),
             "activations": dict(MAP_ACTIVATIONS),
         },
-        "flip_tta": cfg.eval.flip_tta,
-        "filter": {
-            "sigma": {
-                "quality": kw["quality_sigma"],
-                "cos": kw["angle_sigma"],
-                "sin": kw["angle_sigma"],
-                "width": kw["width_sigma"],
-            }
-        },
-        "peaks": {"min_distance": kw["min_distance"], "threshold": kw["threshold"]},
-        "grasp": {"width_scale": kw["width_scale"], "jaw": "opening * 0.5"},
+        "steps": [
+            {"op": "flip_average", "spec": POST_SPEC, "enabled": cfg.eval.flip_tta},
+            {
+                "op": "gaussian_filter",
+                "spec": POST_SPEC,
+                "sigma": {
+                    "quality": kw["quality_sigma"],
+                    "cos": angle,
+                    "sin": angle,
+                    "width": kw["width_sigma"],
+                },
+            },
+            {
+                "op": "peaks",
+                "spec": POST_SPEC,
+                "min_distance": kw["min_distance"],
+                "threshold": kw["threshold"],
+            },
+            {
+                "op": "grasps",
+                "spec": POST_SPEC,
+                "width_scale": kw["width_scale"],
+                "jaw": "opening * 0.5",
+            },
+            {"op": "to_image", "spec": POST_SPEC},
+        ],
     }

@@ -25,7 +25,6 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 from ...config import ConfigError, apply_overrides
 from ...constants import MAP_KEYS
 from ...data.grasp import (
-    DEPTH_CLIP,
     IN_CHANS,
     RGB_MEAN,
     RGB_STD,
@@ -45,6 +44,7 @@ from ...grasp import (
 from ...viz import plot_curves
 from ..base import Runner, Task, TopGrasp, register_task
 from ..config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
+from ..spec import SIZE_ORDER
 from .config import GraspDataConfig, GraspEvalConfig, GraspLossConfig
 from .inference import GraspMaps, draw_grasps, flip_averaged, grasp_maps
 from .spec import grasp_postprocess, grasp_preprocess
@@ -233,7 +233,6 @@ class GraspTask(Task):
             if m in metrics
         )
 
-
     # --- export -----------------------------------------------------------------------
 
     @staticmethod
@@ -269,14 +268,9 @@ class GraspTask(Task):
         return out, hits, tops
 
     def deploy_spec(self, meta: dict[str, Any], img_size: tuple[int, int]) -> dict[str, Any]:
-        per_view = self.cfg.data.normalise == "image"
         return {
             "input": meta.get("input"),
-            "mean": "per view" if per_view else RGB_MEAN.tolist(),
-            "std": "per view" if per_view else RGB_STD.tolist(),
-            "depth_clip": DEPTH_CLIP,
-            "width_scale": meta.get("width_scale"),
-            "crop_size": meta.get("crop_size"),
+            "size_order": SIZE_ORDER,
             "preprocess": grasp_preprocess(self.cfg),
             "postprocess": grasp_postprocess(self.cfg),
         }
