@@ -19,6 +19,7 @@ from .io import check_writable_dir, load_checkpoint
 from .models.convert import check_checkpoint_path
 from .tasks import ClassificationTask, eval_data_config
 from .tasks.grasp import draw_grasps, predict_grasps
+from .version import __version__
 
 __all__ = ["main"]
 
@@ -179,7 +180,13 @@ _OUT_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vtfm", description="vision_tfm command line")
+    p = argparse.ArgumentParser(
+        prog="vtfm",
+        description="vision_tfm command line",
+        epilog="Training: train_cls.py and train_grasp.py (--help); every config key, with its "
+        "type and default: docs/config.md in the repository.",
+    )
+    p.add_argument("--version", action="version", version=f"vision_tfm {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("predict", help="top-k classes of an image")
     pr.add_argument("image")
