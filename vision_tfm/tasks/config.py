@@ -28,6 +28,7 @@ from ..config import (
     config_to_dict,
 )
 from ..errors import MissingFileError
+from ..io import atomic_write_text
 
 T = TypeVar("T")
 
@@ -269,8 +270,9 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
 
 
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
-    """Write the fully resolved config as YAML (what actually ran, not what was asked)."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """Write the fully resolved config as YAML (what actually ran, not what was asked),
+    atomically: ``run.resume=auto`` reads it to find the run a relaunch continues."""
+    atomic_write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), path)
 
 
 def config_hash(cfg: Any) -> str:
@@ -288,8 +290,9 @@ def run_hash(config: Any) -> str:
     ``config.yaml`` holds): every key but :data:`LAUNCH_KEYS`. ``run.resume=auto`` continues
     a run whose hash equals the new launch's."""
     d = config_to_dict(config) if not isinstance(config, dict) else config
-    run = {k: v for k, v in (d.get("run") or {}).items() if k not in LAUNCH_KEYS}
-    return _hash({**d, "run": run})
+    if isinstance(d.get("run"), dict):
+        d = {**d, "run": {k: v for k, v in d["run"].items() if k not in LAUNCH_KEYS}}
+    return _hash(d)
 
 
 def _hash(d: dict[str, Any]) -> str:

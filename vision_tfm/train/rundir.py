@@ -120,12 +120,9 @@ class RunLock:
     def release(self) -> None:
         """Remove the file, then drop the lock; nothing is left behind in the run dir."""
         if self._fd is not None:
-            if fcntl is None:  # Windows cannot remove an open file (and has no lock)
-                os.close(self._fd)
-            with contextlib.suppress(OSError):  # held: no other run can be using it
-                self.path.unlink()
-            if fcntl is not None:
-                os.close(self._fd)
+            with contextlib.suppress(OSError):  # held: no other run is using it (Windows
+                self.path.unlink()  # removes no open file: its PID file stays)
+            os.close(self._fd)
             self._fd = None
 
     def __enter__(self) -> RunLock:
@@ -174,7 +171,7 @@ def newest_unfinished(
                 config = yaml.safe_load((d / "config.yaml").read_text())
                 if isinstance(config, dict) and same(config):
                     found.append((last.stat().st_mtime_ns, last))
-            except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            except (OSError, ValueError, TypeError, yaml.YAMLError):
                 continue  # not a config this run could have written
     for _, last in sorted(found, reverse=True):
         try:
