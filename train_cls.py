@@ -60,7 +60,7 @@ def main() -> None:
     args = p.parse_intermixed_args()
     extra = {}
     if args.finetune:
-        if args.resume:
+        if args.resume not in (None, "auto"):  # auto: this fine-tune, relaunched
             raise ConfigError("--finetune starts a new run; --resume continues one: pick one")
         extra = finetune_overrides(args.finetune, CONFIGS / "finetune.yaml")
     if args.data:

@@ -28,6 +28,7 @@ from .tasks.predict import (
     expand_inputs,
     write_table,
 )
+from .version import __version__
 
 __all__ = ["main"]
 
@@ -342,7 +343,13 @@ def _add_pictures(parser: argparse.ArgumentParser, suffix: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vtfm", description="vision_tfm command line")
+    p = argparse.ArgumentParser(
+        prog="vtfm",
+        description="vision_tfm command line",
+        epilog="Training: train_cls.py and train_grasp.py (--help); every config key, with its "
+        "type and default: docs/config.md in the repository.",
+    )
+    p.add_argument("--version", action="version", version=f"vision_tfm {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     pr = sub.add_parser("predict", help="top-k classes of images")
     _add_many(pr, "top-k labels and scores")

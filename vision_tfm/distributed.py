@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,3 +57,13 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
     at the same point, so all act on the answer together."""
     t = torch.tensor([float(f) for f in flags], device=device)
     return (all_reduce_sum(t) > 0).tolist()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` (picklable) on every rank, for a decision rank 0 alone can make (it
+    reads the run dirs); ``obj`` itself when not distributed. Every rank must call it."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

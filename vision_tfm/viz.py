@@ -92,13 +92,28 @@ def pyplot() -> Any:
     return plt
 
 
+LOSS_CURVES = {"train_loss": "train", "val_loss": "val", "ema_val_loss": "val (EMA)"}
+"""The history columns drawn on the loss panel, with their legend labels."""
+
+
 def plot_curves(history: Sequence[dict[str, Any]], path: Path, metric_keys: Sequence[str]) -> None:
-    """Loss (left) and validation metrics (right) per epoch."""
+    """Write :func:`curves_figure` as a PNG."""
+    fig = curves_figure(history, metric_keys)
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+
+
+def curves_figure(history: Sequence[dict[str, Any]], metric_keys: Sequence[str]) -> Any:
+    """Train and validation loss (left; the latter where the task logs one) and validation
+    metrics (right) per epoch, as a matplotlib figure."""
     plt = pyplot()
     epochs = [h["epoch"] for h in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(epochs, [h["train_loss"] for h in history], marker="o")
-    a.set(xlabel="epoch", ylabel="train loss", title="loss")
+    for k, label in LOSS_CURVES.items():
+        if all(k in h for h in history):
+            a.plot(epochs, [h[k] for h in history], marker="o", label=label)
+    a.set(xlabel="epoch", ylabel="loss", title="loss")
+    a.legend()
     for k in metric_keys:
         if all(k in h for h in history):
             b.plot(epochs, [h[k] for h in history], marker="o", label=k)
@@ -107,8 +122,7 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path, metric_keys: Sequ
     b.grid(alpha=0.3)
     a.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def plot_confusion(cm: np.ndarray, class_names: Sequence[str], path: Path) -> None:

@@ -214,13 +214,21 @@ def block_stack(depth: int, drop_path_rate: float = 0.0, **block_kw: Any) -> nn.
     return nn.ModuleList(Block(drop_path=dpr[i], **block_kw) for i in range(depth))
 
 
+def _fx_symbolic_tracing() -> bool:
+    """Whether ``torch.fx.symbolic_trace`` is tracing. ``is_fx_tracing`` also answers yes
+    under ``torch.export`` and warns that it does; torch versions before that split have only
+    ``is_fx_tracing``, which then means symbolic tracing alone."""
+    fx_trace = torch.fx._symbolic_trace
+    return getattr(fx_trace, "is_fx_symbolic_tracing", fx_trace.is_fx_tracing)()
+
+
 def checkpointed(fn: Callable[..., Any], enabled: bool, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, recomputed in backward when ``enabled`` and grads are on.
 
     Non-reentrant checkpointing: gradients equal the plain run's, and keyword arguments
     (RoPE tables, biases) pass through. Skipped while fx traces (it would record its internals).
     """
-    if enabled and torch.is_grad_enabled() and not torch.fx._symbolic_trace.is_fx_tracing():
+    if enabled and torch.is_grad_enabled() and not _fx_symbolic_tracing():
         return checkpoint(fn, *args, use_reentrant=False, **kwargs)
     return fn(*args, **kwargs)
 

@@ -28,6 +28,7 @@ from ..config import (
     config_to_dict,
 )
 from ..errors import MissingFileError
+from ..io import atomic_write_text
 
 T = TypeVar("T")
 
@@ -182,6 +183,12 @@ class EmaConfig(Checked):
     When enabled, the EMA is the model a run ships (as in timm's train script): its metric
     picks ``best.pt`` and is the figure printed at the end, and predict / export load its
     weights unless told otherwise. The raw model's metric is still logged beside it.
+
+    Attributes:
+        enabled: Keep the moving average (its metrics are logged as ``ema_*``).
+        decay: Weight of the old average at each update.
+        warmup: timm's warmup: the decay grows from 0 towards ``decay`` over the first
+            updates, so early averages are not dominated by the initial weights.
     """
 
     enabled: bool = False
@@ -210,6 +217,10 @@ class RunConfig(Checked):
         plots: Write loss/accuracy and confusion-matrix PNGs at the end.
         stop_after: Stop, resumably, after this many epochs in this invocation (0 = run to
             the end); for job time limits. The schedule still spans ``sched.epochs``.
+        resume: "auto" continues the newest unfinished run of this same config in
+            ``out_dir`` (``--resume auto``), or starts a new one when there is none, so a
+            job scheduler can relaunch one command after a kill; "" always starts a new run.
+            A checkpoint file is given with ``--resume PATH``.
     """
 
     out_dir: str = "runs/cls"
@@ -222,6 +233,7 @@ class RunConfig(Checked):
     compile: bool = False
     plots: bool = True
     stop_after: int = 0
+    resume: str = ""
 
     SECTION: ClassVar[str] = "run"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -233,6 +245,7 @@ class RunConfig(Checked):
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "precision": ("fp32", "amp", "bf16", "auto"),
         "device": ("auto", "cpu", "cuda"),
+        "resume": ("", "auto"),
     }
 
 
@@ -257,11 +270,31 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
 
 
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
-    """Write the fully resolved config as YAML (what actually ran, not what was asked)."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """Write the fully resolved config as YAML (what actually ran, not what was asked),
+    atomically: ``run.resume=auto`` reads it to find the run a relaunch continues."""
+    atomic_write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), path)
 
 
 def config_hash(cfg: Any) -> str:
     """Short stable hash of a resolved config, for export metadata and run bookkeeping."""
-    blob = json.dumps(config_to_dict(cfg), sort_keys=True, default=str).encode()
+    return _hash(config_to_dict(cfg))
+
+
+LAUNCH_KEYS = ("out_dir", "stop_after", "resume")
+"""``run`` keys that may differ between the launches of one run: where to look for it, how
+far this launch goes, and whether to continue it."""
+
+
+def run_hash(config: Any) -> str:
+    """The hash of what a run is, from its config (a dataclass, or the dict a run dir's
+    ``config.yaml`` holds): every key but :data:`LAUNCH_KEYS`. ``run.resume=auto`` continues
+    a run whose hash equals the new launch's."""
+    d = config_to_dict(config) if not isinstance(config, dict) else config
+    if isinstance(d.get("run"), dict):
+        d = {**d, "run": {k: v for k, v in d["run"].items() if k not in LAUNCH_KEYS}}
+    return _hash(d)
+
+
+def _hash(d: dict[str, Any]) -> str:
+    blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]

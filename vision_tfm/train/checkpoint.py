@@ -77,4 +77,3 @@ class Checkpoints:
 
     def _non_finite(self, what: str) -> NonFiniteLossError:
         return non_finite(what, self.run_dir / "last.pt" if is_main() else None)
-

@@ -3,14 +3,16 @@
 A :class:`~vision_tfm.tasks.Task` says what differs; :class:`Trainer` runs it: precision,
 accumulation, clipping, EMA, checkpoints, the NaN guard, DDP and logging. Beside it: the data
 order that makes resume exact (:mod:`.sampling`), run dirs (:mod:`.rundir`), resume checks
-(:mod:`.resume`), Ctrl-C (:mod:`.stops`: the update in flight finishes, ``last.pt`` is written
-with the position, then :class:`Interrupted` is raised, on every DDP rank at the same update).
+(:mod:`.resume`), stop signals (:mod:`.stops`: on Ctrl-C, SIGTERM or SIGUSR1 the update in
+flight finishes, ``last.pt`` is written with the position, then :class:`Interrupted` is raised,
+on every DDP rank at the same update).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -21,16 +23,24 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ..accel import prepare_for_training, warn_if_bf16_emulated
-from ..distributed import all_reduce_sum, any_rank, cleanup, init_distributed, is_main, world_size
+from ..distributed import (
+    all_reduce_sum,
+    any_rank,
+    broadcast_object,
+    cleanup,
+    init_distributed,
+    is_main,
+    world_size,
+)
 from ..io import atomic_write_text, check_writable_dir, load_checkpoint
 from ..tasks import Task
-from ..tasks.config import save_config
+from ..tasks.config import run_hash, save_config
 from .checkpoint import Checkpoints
 from .device import autocast, resolve_device, resolve_precision
 from .logging import MetricLogger, Progress
 from .optim import build_training, group_ids, unfreeze
 from .resume import LoopState, check_compatible, check_position, check_weights
-from .rundir import RunDirs, file_id
+from .rundir import RunDirs, file_id, newest_unfinished
 from .sampling import (
     EpochBatches,
     SeededItems,
@@ -41,7 +51,7 @@ from .sampling import (
     seed_everything,
     val_batches,
 )
-from .stops import CtrlC, Interrupted
+from .stops import STOP_SIGNALS, Interrupted, StopSignals
 
 
 class Trainer(Checkpoints):
@@ -57,9 +67,9 @@ class Trainer(Checkpoints):
         self.cfg, self.task = cfg, task
         self.resume_path = Path(resume) if resume else None
         self._run_dir = Path(run_dir) if run_dir else None
-        self._stop = False  # every rank has agreed to stop
+        self._stop: signal.Signals | None = None  # the stop signal every rank agreed on
         self._dirs = RunDirs(self.say)
-        self._ctrl_c = CtrlC(self.say)
+        self._signals = StopSignals(self.say)
         self._compile_t0: float | None = None
 
     # --- setup -------------------------------------------------------------------------
@@ -77,6 +87,8 @@ class Trainer(Checkpoints):
         self.device = resolve_device(cfg.run.device)
         self.distributed = init_distributed(self.device)
         seed_everything(cfg.run.seed)
+        if cfg.run.resume == "auto" and self.resume_path is None and self._run_dir is None:
+            self.resume_path = broadcast_object(self._auto_resume() if is_main() else None)
         self.ckpt = None
         if self.resume_path is not None:  # identity first: a later replace shows as a change
             self._resume_id = file_id(self.resume_path) if self.resume_path.exists() else None
@@ -108,6 +120,14 @@ class Trainer(Checkpoints):
         if cfg.run.compile:  # lazy: it compiles in the first step, which reports the time
             self._compile_t0 = time.perf_counter()
             self.train_model = torch.compile(self.train_model)
+
+    def _auto_resume(self) -> Path | None:
+        """``run.resume=auto``: the newest unfinished run of this config, if there is one."""
+        cfg, want = self.cfg, run_hash(self.cfg)
+        found = newest_unfinished(cfg.run.out_dir, lambda c: run_hash(c) == want, cfg.sched.epochs)
+        if found is None:
+            self.say(f"run.resume=auto: no unfinished run of this config in {cfg.run.out_dir}")
+        return found
 
     def _num_batches(self) -> int:
         return full_batches(len(self.train_ds), self.task.batch_size, self.distributed)
@@ -150,6 +170,8 @@ class Trainer(Checkpoints):
             save_config(cfg, self.run_dir / "config.yaml")
             for name, text in self.task.run_files().items():
                 atomic_write_text(text, self.run_dir / name)
+            if self.ckpt is not None:
+                self.say(f"resuming {self.run_dir} at epoch {s.epoch + 1}, update {s.num_updates}")
         logger = None
         if is_main():  # a fork's metrics.csv starts with the epochs it inherits
             inherited = self.history if forked else None
@@ -159,7 +181,7 @@ class Trainer(Checkpoints):
         n_params = sum(p.numel() for p in self.model.parameters())
         self.say(
             f"run dir {self.run_dir} | {self.meta['model_name']} {n_params / 1e6:.2f}M params"
-            f" | {len(self.train_ds)} train / {len(self.val_ds)} val | device {self.device}"
+            f" | {data_counts(self.train_ds, self.val_ds)} | device {self.device}"
             f" x{world_size()} | lr {self.base_lr:.2e}"
         )
         if is_main() and self.precision() != "fp32" and self.device.type == "cpu":  # bf16
@@ -174,7 +196,7 @@ class Trainer(Checkpoints):
         val_loader = self._val_loader()
         stop_at = s.epoch + cfg.run.stop_after if cfg.run.stop_after else cfg.sched.epochs
         try:
-            with self._ctrl_c:
+            with self._signals:
                 while s.epoch < min(cfg.sched.epochs, stop_at):
                     metrics = self._epoch(train_loader, val_loader, logger)
         finally:
@@ -201,12 +223,13 @@ class Trainer(Checkpoints):
             unfreeze(self.model, self._groups, epoch, self.cfg.optim.unfreeze)
         loss_sum, loss_count = self._train_epoch(epoch, train_loader, logger)
         dt = s.time_s + time.perf_counter() - t0
-        if self._stop:
+        if self._stop is not None:
             s.loss_sum, s.loss_count, s.time_s = loss_sum, loss_count, dt
             self._save(best=False)
             last_pt = self.run_dir / "last.pt"
             self.say(f"checkpoint written: {last_pt} (resume with --resume {last_pt})")
-            raise Interrupted(f"interrupted; resume with --resume {last_pt}")
+            msg = f"stopped by {self._stop.name}; resume with --resume {last_pt}"
+            raise Interrupted(msg, self._stop)
         train_loss, seen = loss_sum / max(loss_count, 1), s.seen
         metrics = self._evaluate(val_loader)
         s.epoch, s.step_in_epoch = epoch + 1, 0
@@ -266,8 +289,9 @@ class Trainer(Checkpoints):
             if sync:
                 # every rank asks at every update, so all stop at the same one; before the step,
                 # so no NaN update is applied
-                stop, failed = any_rank([self._ctrl_c.requested, bool(bad)], self.device)
-                self._stop = stop
+                got = [self._signals.received == sig for sig in STOP_SIGNALS]
+                *agreed, failed = any_rank([*got, bool(bad)], self.device)
+                self._stop = next((sig for sig, a in zip(STOP_SIGNALS, agreed) if a), None)
                 if failed:
                     other = f"loss became non-finite on another rank at epoch {epoch + 1}"
                     raise self._non_finite(bad or f"{other}, by step {k + 1}")
@@ -280,7 +304,7 @@ class Trainer(Checkpoints):
             logged = sync and ((s.num_updates - 1) % cfg.run.log_interval == 0 or k + 1 == nb)
             lr = self.optimizer.param_groups[0]["lr"]
             progress.update(s.num_updates, loss.item(), lr, s.seen, logged)
-            if sync and stop:
+            if sync and self._stop is not None:
                 break
         progress.close()
         loss_sum, loss_count = all_reduce_sum(sums).tolist()
@@ -319,3 +343,12 @@ class Trainer(Checkpoints):
                 ema_m = self.task.evaluate(self.ema.module.eval(), loader, self.device)
                 metrics.update({f"ema_{k}": v for k, v in ema_m.items() if not k.startswith("_")})
         return {k: v for k, v in metrics.items() if not k.startswith("_")}
+
+
+def data_counts(train: Any, val: Any) -> str:
+    """``N train / M val``, counting items, not repeats: a dataset that serves each item
+    ``repeat`` times per epoch (grasp's ``data.repeat``) says so."""
+    rep = getattr(train, "repeat", 1)
+    rep = rep if isinstance(rep, int) and rep > 1 else 1
+    shown = f"{len(train) // rep} train" + (f" (x{rep} per epoch)" if rep > 1 else "")
+    return f"{shown} / {len(val)} val"

@@ -15,20 +15,35 @@ from ..errors import VisionTfmError
 from ..io import load_checkpoint
 from ..tasks import TASKS, Task
 from ..tasks.config import load_config
+from ..version import __version__
 from .stops import Interrupted, NonFiniteLossError
 
 T = TypeVar("T")
 
 
+CONFIG_REFERENCE = "docs/config.md"
+"""Every config key with its type, default and valid values (``python -m
+vision_tfm.tasks.reference`` writes it from the dataclasses)."""
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     """Flags common to every training script; parse with ``parse_intermixed_args`` so
     ``key.sub=value`` overrides may come anywhere, before or after the flags."""
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(
+        description=description,
+        epilog=f"Every config key, with its type and default: {CONFIG_REFERENCE} in the "
+        "repository.",
+    )
+    p.add_argument("--version", action="version", version=f"vision_tfm {__version__}")
     p.add_argument("--config", help="YAML file listing what differs from the defaults")
     p.add_argument("--model", help="a short recipe name (see configs/) or a registered model")
     p.add_argument("--epochs", type=int, help="shortcut for sched.epochs")
     p.add_argument("--data", help="dataset root")
-    p.add_argument("--resume", help="continue from a last.pt/best.pt checkpoint")
+    p.add_argument(
+        "--resume",
+        help="continue from a last.pt/best.pt checkpoint, or 'auto': the newest unfinished run "
+        "of this config in run.out_dir (a new run when there is none)",
+    )
     p.add_argument("--eval-only", action="store_true", help="evaluate --resume and exit")
     p.add_argument("--out-dir", help="parent of the run directory (run.out_dir)")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. optim.lr=1e-3")
@@ -48,16 +63,21 @@ def resolve_config(
 
     ``--model vit`` picks ``<config_dir>/vit<recipe_suffix>.yaml`` when it exists;
     any other name is taken as a registered model. ``task`` is what the calling script
-    trains; a checkpoint of another task is refused.
+    trains; a checkpoint of another task is refused. ``--resume auto`` resolves as a new run
+    with ``run.resume=auto`` (the trainer looks for the run to continue), and clears
+    ``args.resume``, which callers pass on as the checkpoint.
     """
-    if args.eval_only and not args.resume:
+    if args.eval_only and (not args.resume or args.resume == "auto"):
         raise ConfigError("--eval-only needs --resume CHECKPOINT (it would score random weights)")
+    over: dict[str, Any] = dict(extra or {})  # a script's own settings; the flags below win
+    if args.resume == "auto":
+        args.resume = None
+        over["run.resume"] = "auto"
     if args.resume and args.config:
         raise ConfigError(
             "--config cannot be combined with --resume: a resumed run keeps its checkpoint's "
             "config (change single keys with key=value)"
         )
-    over: dict[str, Any] = dict(extra or {})  # a script's own settings; the flags below win
     cfg_path = args.config
     if args.model:
         recipe = config_dir / f"{args.model}{recipe_suffix}.yaml"
@@ -77,6 +97,7 @@ def resolve_config(
                 "in its checkpoint's run dir, or in a new one beside it"
             )
         over.setdefault("run.stop_after", 0)  # a per-invocation limit, not part of the recipe
+        over.setdefault("run.resume", "")  # this launch names its checkpoint
         ckpt = load_checkpoint(args.resume)
         other = TASKS.get(ckpt["meta"].get("task"))
         if other is not None and other is not task:
@@ -119,11 +140,12 @@ def finetune_overrides(checkpoint: str, recipe: Path) -> dict[str, Any]:
 
 def run_cli(main: Callable[[], Any]) -> None:
     """Run a script's main; expected failures print one line and exit non-zero: 2 for bad
-    input, 3 for a run whose loss went non-finite, 130 for Ctrl-C (after its checkpoint)."""
+    input, 3 for a run whose loss went non-finite, 128 + the signal's number for a stop
+    signal (after its checkpoint): 130 for Ctrl-C, 143 for SIGTERM."""
     try:
         main()
-    except Interrupted:
-        sys.exit(130)
+    except Interrupted as e:
+        sys.exit(128 + e.signum)
     except VisionTfmError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3 if isinstance(e, NonFiniteLossError) else 2)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -77,15 +80,33 @@ def build_scheduler(
     if s.name == "slanted_triangular":
         return SlantedTriangularLR(optimizer, total, s.cut_frac, s.ratio)
     warm = min(int(s.warmup_epochs * steps_per_epoch), max(total - 1, 0))
-    return CosineLRScheduler(
-        optimizer,
-        t_initial=max(total - warm, 1),
-        lr_min=s.min_lr,
-        warmup_t=warm,
-        warmup_lr_init=s.warmup_lr,
-        warmup_prefix=True,
-        t_in_epochs=False,
-    )
+    with _one_update_cosine_is_meant():
+        return CosineLRScheduler(
+            optimizer,
+            t_initial=max(total - warm, 1),
+            lr_min=s.min_lr,
+            warmup_t=warm,
+            warmup_lr_init=s.warmup_lr,
+            warmup_prefix=True,
+            t_in_epochs=False,
+        )
+
+
+@contextlib.contextmanager
+def _one_update_cosine_is_meant() -> Iterator[None]:
+    """timm warns that a cosine of one update "will have no effect on the learning rate";
+    here that is the schedule asked for (the warmup takes all but the last update of a short
+    run: the peak rate, then ``min_lr``), so that one message is dropped while it is built."""
+    log = logging.getLogger(CosineLRScheduler.__module__)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "will have no effect" not in record.getMessage()
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def schedule_shape(state: dict[str, Any]) -> dict[str, Any]:

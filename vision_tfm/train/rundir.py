@@ -8,7 +8,8 @@ Rules (docs/safety.md repeats them):
   so a checkpoint copied into a user's folder never overwrites that folder's files.
 * One process writes a run dir at a time: :class:`RunLock` holds an ``flock`` on
   :data:`LOCK_FILE`, which the kernel releases when the holder dies, so a lock left by a
-  killed run is taken over without a word and a live one is named by its PID.
+  killed run is taken over without a word and a live one is named by its PID. A run that
+  ends (finished, stopped by a signal, or failed) removes the file while it still holds it.
 * Output folders are probed for writability before any work (:func:`check_writable_dir`).
 """
 
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ..errors import RunDirError
 from ..io import atomic_save, load_checkpoint, unwritable_error
@@ -82,11 +85,13 @@ class RunLock:
     def acquire(self) -> RunLock:
         """Take the lock or raise :class:`RunDirError` naming the PID that holds it."""
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except OSError as e:
-            raise unwritable_error(self.path.parent, "run dir", e) from None
-        if fcntl is not None:
+        while True:
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except OSError as e:
+                raise unwritable_error(self.path.parent, "run dir", e) from None
+            if fcntl is None:
+                break
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -96,14 +101,27 @@ class RunLock:
                     f"{self.path.parent} is in use by another run (PID {holder}); wait for it "
                     f"to end or resume elsewhere",
                 ) from None
+            if self._still_linked(fd):
+                break
+            os.close(fd)  # its holder removed the file as we opened it: lock the path anew
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
         return self
 
+    def _still_linked(self, fd: int) -> bool:
+        """Whether ``fd`` is still the file at :attr:`path` (a lock on an unlinked one
+        guards nothing)."""
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
+        except FileNotFoundError:
+            return False
+
     def release(self) -> None:
-        """Drop the lock (the file stays; an unlocked file is free to take)."""
+        """Remove the file, then drop the lock; nothing is left behind in the run dir."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):  # held: no other run is using it (Windows
+                self.path.unlink()  # removes no open file: its PID file stays)
             os.close(self._fd)
             self._fd = None
 
@@ -135,6 +153,34 @@ def resumes_newest(resume: Path, resume_id: tuple | None, state: dict[str, Any])
         return load_checkpoint(last, resume=True)["state"] == state
     except (OSError, ValueError):  # no (readable) last.pt: nothing to continue there
         return False
+
+
+def newest_unfinished(
+    out_dir: str | os.PathLike, same: Callable[[dict], bool], epochs: int
+) -> Path | None:
+    """``last.pt`` of the newest run dir directly under ``out_dir`` whose ``config.yaml``
+    ``same`` accepts and whose checkpoint has trained fewer than ``epochs`` epochs: what
+    ``run.resume=auto`` continues. Newest by its ``last.pt``; None when there is none."""
+    found = []
+    with contextlib.suppress(OSError):  # no out_dir yet: nothing to continue
+        for d in Path(out_dir).iterdir():
+            last = d / "last.pt"
+            if not (d.is_dir() and is_own_run_dir(d) and last.is_file()):
+                continue
+            try:
+                config = yaml.safe_load((d / "config.yaml").read_text())
+                if isinstance(config, dict) and same(config):
+                    found.append((last.stat().st_mtime_ns, last))
+            except (OSError, ValueError, TypeError, yaml.YAMLError):
+                continue  # not a config this run could have written
+    for _, last in sorted(found, reverse=True):
+        try:
+            state = load_checkpoint(last, resume=True)["state"]
+        except (OSError, ValueError):  # unreadable: the next newest
+            continue
+        if isinstance(state, dict) and state.get("epoch", epochs) < epochs:
+            return last
+    return None
 
 
 class RunDirs:

@@ -21,6 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from ..distributed import world_size
 from ..errors import ConfigError
+from .stops import STOP_SIGNALS
 
 
 def seed_everything(seed: int) -> None:
@@ -72,10 +73,15 @@ def check_batches(n: int, batch_size: int, distributed: bool) -> None:
         )
 
 
-def ignore_sigint(worker_id: int) -> None:
-    """DataLoader workers leave Ctrl-C to the main process, which still needs them to finish
-    the update it is in (a terminal sends SIGINT to the whole process group)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave Ctrl-C and SIGTERM to the main process, which still needs
+    them to finish the update it is in and to evaluate: a terminal sends SIGINT, and
+    ``timeout`` its signal, to the whole process group, and a worker that SIGTERM ended
+    would stop the run with a DataLoader error instead of a checkpoint. The main process
+    still shuts its workers down (a sentinel on their queues), and a worker whose parent has
+    died exits by itself."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class SeededItems(Dataset):
@@ -148,17 +154,15 @@ def make_loader(
     ds: Dataset, batches: Any, task: Any, device: torch.device | None = None
 ) -> DataLoader:
     """A DataLoader over ``batches`` with the task's workers and collate. Workers persist
-    (with what they cache) across epochs; given the device, it is a training loader: pinned
-    memory on CUDA, workers that leave Ctrl-C to the main process."""
+    (with what they cache) across epochs and leave stop signals to the main process; given
+    the device, it is a training loader: pinned memory on CUDA."""
     n = task.num_workers
-    kw: dict[str, Any] = {}
-    if device is not None:
-        kw = {"pin_memory": device.type == "cuda", "worker_init_fn": ignore_sigint}
     return DataLoader(
         ds,
         batch_sampler=batches,
         num_workers=n,
         collate_fn=task.collate,
         persistent_workers=n > 0,
-        **kw,
+        pin_memory=device is not None and device.type == "cuda",
+        worker_init_fn=ignore_stop_signals,
     )

@@ -1,4 +1,4 @@
-"""How a run stops early: Ctrl-C after the update in flight, or a non-finite loss."""
+"""How a run stops early: a stop signal after the update in flight, or a non-finite loss."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from pathlib import Path
 from types import FrameType
 
 from ..errors import VisionTfmError
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name)
+)
+"""Ctrl-C, and what job schedulers and containers send before they kill a process:
+``timeout``, SLURM (``--signal``), Kubernetes and ``docker stop`` send SIGTERM; SIGUSR1 is
+the usual choice for a warning ahead of a time limit. Windows has SIGINT only."""
 
 
 class NonFiniteLossError(VisionTfmError, RuntimeError):
@@ -26,28 +33,40 @@ def non_finite(what: str, last_pt: Path | None) -> NonFiniteLossError:
 
 
 class Interrupted(VisionTfmError):  # noqa: N818  (a requested stop, not a failure)
-    """Ctrl-C stopped the run after it wrote a resumable checkpoint; launchers exit 130."""
+    """A stop signal stopped the run after it wrote a resumable checkpoint; launchers exit
+    with 128 + the signal's number, as a shell reports a process the signal ended (130 for
+    Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
 
 
-class CtrlC:
-    """While entered, the first Ctrl-C only sets :attr:`requested` (the loop finishes the
-    update it is in and writes a checkpoint); a second one raises ``KeyboardInterrupt``."""
+class StopSignals:
+    """While entered, the first stop signal (:data:`STOP_SIGNALS`) only records itself in
+    :attr:`received` (the loop finishes the update it is in and writes a checkpoint); a
+    second one raises ``KeyboardInterrupt``."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say
-        self.requested = False
-        self._prev: object = None
+        self.received: signal.Signals | None = None
+        self._prev: dict[signal.Signals, object] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:  # second Ctrl-C: give up at once
+        if self.received is not None:  # a second signal: give up at once
             raise KeyboardInterrupt
-        self.requested = True
-        self.say("\ninterrupt: finishing this update, then writing a resumable checkpoint")
+        self.received = signal.Signals(signum)
+        self.say(
+            f"\n{self.received.name}: finishing this update, then writing a resumable checkpoint"
+        )
 
-    def __enter__(self) -> CtrlC:
-        self._prev = signal.signal(signal.SIGINT, self._handle)  # on every rank
+    def __enter__(self) -> StopSignals:
+        for sig in STOP_SIGNALS:  # on every rank
+            self._prev[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._prev is not None:
-            signal.signal(signal.SIGINT, self._prev)
+        for sig, prev in self._prev.items():
+            if prev is not None:
+                signal.signal(sig, prev)
+        self._prev.clear()

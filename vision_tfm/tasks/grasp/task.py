@@ -207,6 +207,7 @@ class GraspTask(Task):
                 num_workers=loader.num_workers,
                 collate_fn=loader.collate_fn,
                 persistent_workers=loader.num_workers > 0,
+                worker_init_fn=loader.worker_init_fn,  # stop signals: the main process's
             )
             self._gt = (loader, gt)
         return self._gt[1]
