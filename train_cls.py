@@ -12,11 +12,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from timm.models import is_model
-
 from vision_tfm.data import infer_dataset_kind
 from vision_tfm.errors import ConfigError
 from vision_tfm.models import get_model_entry
+from vision_tfm.models.hub import timm_has
 from vision_tfm.tasks import ClassificationTask, ClsConfig
 from vision_tfm.train import Trainer
 from vision_tfm.train.launch import base_parser, finetune_overrides, resolve_config, run_cli
@@ -44,13 +43,13 @@ def folder_recipe(args: argparse.Namespace) -> dict[str, Any]:
     size = getattr(get_model_entry(args.model).cfg, "img_size", None)
     if size:
         over["data.img_size"] = size
-    if not is_model(args.model):
+    if not timm_has(args.model):  # timm publishes weights for this name
         over["model.pretrained"] = False
     return over
 
 
 def main() -> None:
-    p = base_parser(__doc__.splitlines()[0])
+    p = base_parser(__doc__.splitlines()[0], CONFIGS, "_mnist")
     p.add_argument(
         "--finetune",
         metavar="CKPT",

@@ -159,5 +159,5 @@ def test_detection_backbone_and_example_take_pretrained_as_create_model(
     monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look themselves up
     spec.loader.exec_module(mod)
     cfg = mod.DetConfig(model=ModelConfig(name=NAME, kwargs=SHRINK, pretrained=True))
-    detector = mod.DetectionTask(cfg, [], []).build()[0]
+    detector = mod.DetectionTask(cfg, [], [], ["a"]).build()[0]
     assert torch.equal(detector.backbone.body.model.blocks[1].attn.qkv.weight, want)

@@ -26,13 +26,26 @@ CONFIG_REFERENCE = "docs/config.md"
 vision_tfm.tasks.reference`` writes it from the dataclasses)."""
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(
+    description: str, recipes: Path | None = None, suffix: str = ""
+) -> argparse.ArgumentParser:
     """Flags common to every training script; parse with ``parse_intermixed_args`` so
-    ``key.sub=value`` overrides may come anywhere, before or after the flags."""
+    ``key.sub=value`` overrides may come anywhere, before or after the flags. ``--help``
+    lists the YAML recipes in ``recipes`` (``--model NAME`` picks ``NAME<suffix>.yaml``)."""
+    listed = ""
+    if recipes is not None and recipes.is_dir():
+        files = sorted(recipes.glob("*.yaml"))
+        short = [f.stem.removesuffix(suffix) for f in files if suffix and f.stem.endswith(suffix)]
+        other = [f.name for f in files if not (suffix and f.stem.endswith(suffix))]
+        listed = f"Recipes: --model {' | '.join(short)}" if short else ""
+        if other:
+            listed += f"{'; ' if listed else ''}--config {recipes.parent.name}/{recipes.name}/"
+            listed += f"{{{','.join(other)}}}"
+        listed += ". "
     p = argparse.ArgumentParser(
         description=description,
-        epilog=f"Every config key, with its type and default: {CONFIG_REFERENCE} in the "
-        "repository.",
+        epilog=f"{listed}Every config key, with its type and default: {CONFIG_REFERENCE} in "
+        "the repository.",
     )
     p.add_argument("--version", action="version", version=f"vision_tfm {__version__}")
     p.add_argument("--config", help="YAML file listing what differs from the defaults")
