@@ -26,9 +26,12 @@ __all__ = [
     "ConfigError",
     "Range",
     "apply_overrides",
+    "check_memory",
     "check_ranges",
     "config_to_dict",
+    "machine_memory",
     "parse_cli_overrides",
+    "shorten",
 ]
 
 T = TypeVar("T")
@@ -126,8 +129,52 @@ def _int_fields(kind: type) -> frozenset[str]:
     )
 
 
+MAX_SHOWN = 200
+"""Characters of a value an error quotes: a value built to be huge (a YAML alias bomb, a
+million-element list) must not turn a one-line error into megabytes of text."""
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with its full length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _show(value: Any) -> str:
-    return f"[{', '.join(map(str, value))}]" if isinstance(value, (tuple, list)) else str(value)
+    if isinstance(value, (tuple, list)):
+        head = ", ".join(map(str, value[:MAX_SHOWN]))
+        return shorten(f"[{head}{', ...' if len(value) > MAX_SHOWN else ''}]")
+    return shorten(str(value))
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this machine has (``psutil`` if installed, else ``/proc/meminfo``);
+    None where neither says, and then no bound is checked."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(nbytes: float, key: str, what: str) -> None:
+    """Refuse, in one line naming ``key``, a setting whose ``what`` needs more bytes than the
+    machine has: checked arithmetically before anything is allocated, so a hostile size is an
+    error instead of a hang, a swap storm or ``std::bad_alloc``."""
+    total = machine_memory()
+    if total is not None and nbytes > total:
+        raise ConfigError(
+            f"{key}: {what} would need {nbytes / 2**30:,.3g} GiB, more than this machine's "
+            f"{total / 2**30:,.3g} GiB of memory"
+        )
 
 
 def _hint(key: str, options: list[str], prefix: str = "") -> str:
