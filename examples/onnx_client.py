@@ -116,7 +116,8 @@ def run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndarr
             inv_std = np.reciprocal(np.asarray(step["std"], np.float32) * np.float32(255))
             arrays["image"] = (arrays["image"].astype(np.float32) - mean) * inv_std
         elif op == "decode_depth":
-            arrays["depth"] = decode_depth(files["depth"], arrays.get("rgb"))
+            scale = step.get("integer_scale", 0.001)
+            arrays["depth"] = decode_depth(files["depth"], arrays.get("rgb"), scale)
         elif op == "center_crop_square":
             H, W = arrays[on[0]].shape[:2]
             side = min(step["size"] or min(H, W), H, W)
@@ -208,12 +209,22 @@ def fill_holes(depth: np.ndarray) -> np.ndarray:
     return vals.astype(np.float32)
 
 
-def decode_depth(path: str | None, rgb: np.ndarray | None) -> np.ndarray:
-    """The ``decode_depth`` step: float32 metres, (H, W) as the RGB image."""
+def decode_depth(path: str | None, rgb: np.ndarray | None, scale: float = 0.001) -> np.ndarray:
+    """The ``decode_depth`` step: float32 metres, (H, W) as the RGB image. A float image is
+    metres; a 16-bit (or 32-bit integer) one is multiplied by ``integer_scale`` (millimetres,
+    as RealSense and Kinect write); 8-bit or colour images hold no depth."""
     if path is None:
         raise SystemExit("this grasp model takes depth: pass --depth")
     with Image.open(path) as im:
-        depth = np.asarray(im, dtype=np.float32)
+        if im.mode == "F":
+            depth = np.asarray(im, dtype=np.float32)
+        elif im.mode.startswith("I;16") or im.mode == "I":
+            depth = np.asarray(im).astype(np.float32) * np.float32(scale)
+        else:
+            raise SystemExit(
+                f"{path}: a {im.mode} image is not a depth map; expected a float32 TIFF in "
+                "metres or a 16-bit PNG/TIFF in millimetres"
+            )
     if rgb is not None and depth.shape != rgb.shape[:2]:
         raise SystemExit(f"depth {depth.shape} does not match image {rgb.shape[:2]}: {path}")
     return depth
@@ -351,7 +362,9 @@ def main() -> None:
     )
     p.add_argument("model", help="model.onnx (its .json beside it unless --meta)")
     p.add_argument("images", nargs="+", help="image files (grasp models: one RGB view)")
-    p.add_argument("--depth", help="grasp models: the view's depth file (float metres)")
+    p.add_argument(
+        "--depth", help="grasp models: the view's depth (float TIFF in metres or 16-bit in mm)"
+    )
     p.add_argument("--top", type=int, default=5, help="grasp models: grasps to print")
     p.add_argument("--json", action="store_true", help="grasp models: print grasps as JSON")
     p.add_argument("--meta", help="model.json (default: the model path with .json)")

@@ -261,3 +261,44 @@ def test_grasp_views_in_a_folder_find_their_depth_by_name(
     )
     assert code == 2
     assert_names(err.strip(), "--depth")
+
+
+def test_realsense_png_gives_the_grasps_of_its_float_tiff(
+    grasp_ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """A uint16 PNG in millimetres, made from the float TIFF in metres, is read as metres."""
+    metres = np.asarray(Image.open(FIX / "pcd0100d.tiff"), dtype=np.float32)
+    mm = np.where(np.isfinite(metres), np.rint(metres * 1000), 0)  # 0: a RealSense hole
+    png = tmp_path / "pcd0100d.png"
+    Image.fromarray(mm.astype(np.uint16)).save(png)
+    ref, _ = predict_grasps(grasp_ckpt, FIX / "pcd0100r.png", FIX / "pcd0100d.tiff", 3)
+    got, _ = predict_grasps(grasp_ckpt, FIX / "pcd0100r.png", png, 3)
+    assert len(got) == len(ref) >= 1
+    for g, r in zip(got, ref):
+        assert (g.x, g.y) == (r.x, r.y)
+        assert g.angle == pytest.approx(r.angle, abs=1e-3)
+        assert g.quality == pytest.approx(r.quality, abs=1e-3)
+    code, out, err = run(
+        capsys, "grasp", FIX / "pcd0100r.png", "--depth", png, "--checkpoint", grasp_ckpt,
+        "--no-overlay", "--depth-scale", "0.001", "--top", "1",
+    )  # fmt: skip
+    assert code == 0 and f"{ref[0].x:8.1f} {ref[0].y:8.1f}" in out, err
+
+
+@pytest.mark.parametrize("scale", ["0", "-1", "nan", "inf"])
+def test_grasp_refuses_a_meaningless_depth_scale(grasp_ckpt: Path, capsys, scale: str) -> None:
+    code, _, err = run(
+        capsys, "grasp", FIX / "pcd0100r.png", "--checkpoint", grasp_ckpt, "--depth-scale", scale
+    )
+    assert code == 2
+    assert_names(err.strip(), "--depth-scale", scale)
+
+
+def test_grasp_refuses_a_view_smaller_than_the_crop(grasp_ckpt: Path, tmp_path, capsys) -> None:
+    """A 1x1 view was upsampled and returned grasp centres outside the image."""
+    rgb, depth = tmp_path / "v.png", tmp_path / "v.tiff"
+    Image.fromarray(np.zeros((1, 1, 3), np.uint8)).save(rgb)
+    Image.fromarray(np.ones((1, 1), np.float32)).save(depth)
+    code, _, err = run(capsys, "grasp", rgb, "--depth", depth, "--checkpoint", grasp_ckpt)
+    assert code == 1  # each view fails alone, as an unreadable one does
+    assert_names(err.splitlines()[0], rgb, "1x1", "300x300", "data.crop_size")

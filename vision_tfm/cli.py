@@ -203,7 +203,9 @@ def cmd_grasp(args: argparse.Namespace) -> None:
     if not args.overlay and (args.out or args.out_dir):
         raise ConfigError("--out and --out-dir name overlays, which --no-overlay turns off")
     pngs = dict(zip(paths, _out_pngs(args, paths, "_grasps.png"))) if args.overlay else {}
-    predictor = GraspPredictor(args.checkpoint, args.ema)
+    if args.depth_scale is not None and not (0 < args.depth_scale < math.inf):
+        raise ConfigError(f"--depth-scale must be a finite number > 0, got {args.depth_scale}")
+    predictor = GraspPredictor(args.checkpoint, args.ema, args.depth_scale)
     rows: list[dict] = []
     failed: list[Failed] = []
     load = lambda path: predictor.load(path, args.depth)  # noqa: E731
@@ -371,9 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_many(gr, "top grasps (x, y, angle_deg, opening, jaw, quality)")
     gr.add_argument(
         "--depth",
-        help="depth TIFF of the one image (depth / RGB-D models); without it each view's is "
+        help="depth image of the one image (depth / RGB-D models); without it each view's is "
         "found beside it by name (pcd0100r.png -> pcd0100d.tiff, *_RGB.png -> "
         "*_perfect_depth.tiff)",
+    )
+    gr.add_argument(
+        "--depth-scale",
+        type=float,
+        help="metres per unit of a 16-bit depth PNG/TIFF (default 0.001: millimetres, as "
+        "RealSense and Kinect write); a float TIFF is read as metres",
     )
     gr.add_argument("--top", type=int, default=5, help="grasps per view, >= 1")
     _add_pictures(gr, "_grasps.png")

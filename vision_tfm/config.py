@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -26,9 +27,13 @@ __all__ = [
     "ConfigError",
     "Range",
     "apply_overrides",
+    "check_memory",
     "check_ranges",
     "config_to_dict",
+    "machine_memory",
     "parse_cli_overrides",
+    "safe_yaml",
+    "shorten",
 ]
 
 T = TypeVar("T")
@@ -126,8 +131,94 @@ def _int_fields(kind: type) -> frozenset[str]:
     )
 
 
+MAX_SHOWN = 200
+"""Characters of a value an error quotes: a value built to be huge (a YAML alias bomb, a
+million-element list) must not turn a one-line error into megabytes of text."""
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with its full length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+_BRIEF = reprlib.Repr()  # keyword arguments only from Python 3.12
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxtuple, _BRIEF.maxdict = 3, 20, 20, 20
+_BRIEF.maxstring = _BRIEF.maxother = MAX_SHOWN
+
+
+def _brief(v: Any) -> str:
+    """A scalar as ``str`` shows it; a container bounded in depth and width (a YAML alias
+    bomb shares one list 10**9 times: ``str`` would write every copy)."""
+    return str(v) if isinstance(v, (int, float, str, bool, type(None))) else _BRIEF.repr(v)
+
+
+def _brief_repr(v: Any) -> str:
+    """``repr`` bounded in depth, width and length, for errors."""
+    return shorten(_BRIEF.repr(v))
+
+
 def _show(value: Any) -> str:
-    return f"[{', '.join(map(str, value))}]" if isinstance(value, (tuple, list)) else str(value)
+    if isinstance(value, (tuple, list)):
+        head = ", ".join(map(_brief, value[:20]))
+        return shorten(f"[{head}{', ...' if len(value) > 20 else ''}]")
+    return shorten(_brief(value))
+
+
+MAX_YAML_ALIASES = 100
+"""Aliases (``*name``) a YAML text may use: a config needs a few; nested aliases expand
+exponentially (the billion laughs)."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses more than :data:`MAX_YAML_ALIASES` aliases."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise ConfigError(
+                    f"more than {MAX_YAML_ALIASES} YAML aliases (*name): refused, as nested "
+                    "aliases expand exponentially"
+                )
+        return super().compose_node(parent, index)
+
+
+def safe_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with the alias bound; YAML errors propagate as ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=_BoundedLoader)
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this machine has (``psutil`` if installed, else ``/proc/meminfo``);
+    None where neither says, and then no bound is checked."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(nbytes: float, key: str, what: str) -> None:
+    """Refuse, in one line naming ``key``, a setting whose ``what`` needs more bytes than the
+    machine has: checked arithmetically before anything is allocated, so a hostile size is an
+    error instead of a hang, a swap storm or ``std::bad_alloc``."""
+    total = machine_memory()
+    if total is not None and nbytes > total:
+        raise ConfigError(
+            f"{key}: {what} would need {nbytes / 2**30:,.3g} GiB, more than this machine's "
+            f"{total / 2**30:,.3g} GiB of memory"
+        )
 
 
 def _hint(key: str, options: list[str], prefix: str = "") -> str:
@@ -153,10 +244,10 @@ def _coerce(value: Any, tp: Any, key: str, finite: bool = True) -> Any:
                 continue
             with contextlib.suppress(ConfigError):
                 return _coerce(value, arm, key, finite)
-        raise ConfigError(f"config key {key!r}: {value!r} does not match {tp}")
+        raise ConfigError(f"config key {key!r}: {_brief_repr(value)} does not match {tp}")
     if origin is tuple or origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key {key!r}: expected a list, got {value!r}")
+            raise ConfigError(f"config key {key!r}: expected a list, got {_brief_repr(value)}")
         args = typing.get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
@@ -172,27 +263,29 @@ def _coerce(value: Any, tp: Any, key: str, finite: bool = True) -> Any:
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"config key {key!r}: expected a mapping, got {value!r}")
+            raise ConfigError(f"config key {key!r}: expected a mapping, got {_brief_repr(value)}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"config key {key!r}: expected true/false, got {value!r}")
+        raise ConfigError(f"config key {key!r}: expected true/false, got {_brief_repr(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"config key {key!r}: expected an integer, got {value!r}")
+        raise ConfigError(f"config key {key!r}: expected an integer, got {_brief_repr(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             # nan / inf silently disable or poison whatever reads them
             if finite and not math.isfinite(value):
-                raise ConfigError(f"config key {key!r}: expected a finite number, got {value!r}")
+                raise ConfigError(
+                    f"config key {key!r}: expected a finite number, got {_brief_repr(value)}"
+                )
             return float(value)
-        raise ConfigError(f"config key {key!r}: expected a number, got {value!r}")
+        raise ConfigError(f"config key {key!r}: expected a number, got {_brief_repr(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"config key {key!r}: expected a string, got {value!r}")
+        raise ConfigError(f"config key {key!r}: expected a string, got {_brief_repr(value)}")
     return value
 
 
@@ -238,11 +331,11 @@ def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = safe_yaml(raw) if raw != "" else ""
         except yaml.YAMLError as e:
             why = str(e).splitlines()[0]
             raise ConfigError(
-                f"override {key.strip()!r}: {raw!r} is not valid YAML ({why})"
+                f"override {key.strip()!r}: {shorten(repr(raw))} is not valid YAML ({why})"
             ) from None
         if isinstance(value, str) and _looks_numeric(raw):
             value = float(raw)  # YAML 1.1 reads '1e-3' as a string

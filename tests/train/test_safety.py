@@ -363,6 +363,16 @@ def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_
         run(tiny_cfg(tmp_path / "runs", **{"model.kwargs.embed_dim": 65536}), own / "last.pt")
 
 
+@pytest.mark.parametrize(("key", "value"), [("epoch", -5), ("num_updates", 10**18)])
+def test_resume_of_an_edited_position_is_refused(stopped_run, tmp_path, key, value) -> None:
+    ck = torch.load(stopped_run / "last.pt", weights_only=True)
+    ck["state"][key] = value  # trained on from epoch -4 or logged steps from 10**18
+    own = _copy_run(stopped_run, tmp_path / "runs" / "vit_mnist-x")
+    torch.save(ck, own / "last.pt")
+    with raises_naming(CheckpointError, own / "last.pt", f"state.{key}", value):
+        run(tiny_cfg(tmp_path / "runs"), own / "last.pt")
+
+
 @pytest.mark.parametrize("seconds", ["inf", "nan", "-1"])
 def test_benchmark_refuses_unending_or_meaningless_seconds(tmp_path, capsys, seconds) -> None:
     path = _ckpt(tmp_path / "ck.pt")

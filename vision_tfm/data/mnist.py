@@ -8,12 +8,16 @@ install trains and evaluates with no download and no network. They are split onc
 from __future__ import annotations
 
 import gzip
+import io
+import math
+import zlib
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from ..config import check_memory
 from ..errors import ConfigError, DataError, MissingFileError
 
 MNIST_CLASSES = [str(d) for d in range(10)]
@@ -39,6 +43,19 @@ def parse_idx(
     given, is the magic number it must carry. A bad magic number, an unknown type code or a
     body shorter or longer than declared is a :class:`~vision_tfm.errors.DataError`.
     """
+    shape, dtype, header_len, expected = _idx_header(data, source, expected_magic)
+    if len(data) != expected:
+        raise DataError(f"{source}: {len(data)} bytes, header shape {shape} needs {expected}")
+    arr = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)
+    return arr.astype(dtype.newbyteorder("="))
+
+
+def _idx_header(
+    data: bytes, source: str, expected_magic: int | None
+) -> tuple[tuple[int, ...], np.dtype, int, int]:
+    """``(shape, dtype, header length, total bytes)`` an idx header declares; the total is
+    an exact Python integer, so dimensions whose product overflows int64 cannot wrap to a
+    small size that passes the length check."""
     if len(data) < 4:
         raise DataError(f"{source}: {len(data)} bytes is too short for an idx header")
     magic = int.from_bytes(data[:4], "big")
@@ -52,11 +69,7 @@ def parse_idx(
         raise DataError(f"{source}: header declares {ndim} dims but the file ends at {len(data)}")
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     dtype = np.dtype(_IDX_DTYPES[type_code])
-    expected = header_len + int(np.prod(shape)) * dtype.itemsize
-    if len(data) != expected:
-        raise DataError(f"{source}: {len(data)} bytes, header shape {shape} needs {expected}")
-    arr = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(shape)
-    return arr.astype(dtype.newbyteorder("="))
+    return shape, dtype, header_len, header_len + math.prod(shape) * dtype.itemsize
 
 
 def read_idx(path: str | Path, expected_magic: int | None = None) -> np.ndarray:
@@ -70,10 +83,31 @@ def read_idx(path: str | Path, expected_magic: int | None = None) -> np.ndarray:
 def _decode(raw: bytes, source: str, gzipped: bool, expected_magic: int | None) -> np.ndarray:
     if gzipped:
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
+            raw = _gunzip_idx(raw, source, expected_magic)
+        except (OSError, EOFError, zlib.error) as e:
             raise DataError(f"{source}: not a valid gzip file ({e})") from None
     return parse_idx(raw, source, expected_magic)
+
+
+def _gunzip_idx(raw: bytes, source: str, expected_magic: int | None) -> bytes:
+    """Decompress an idx file only as far as its header says it reaches: the header first,
+    then its declared size checked against the gzip trailer and the machine's memory, then at
+    most one byte past it. An 18 MB file that expands to 4 GB is refused before expanding."""
+    with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+        head = f.read(4)
+        head += f.read(4 * head[3]) if len(head) == 4 else b""
+        shape, _, _, expected = _idx_header(head, source, expected_magic)
+        trailer = int.from_bytes(raw[-4:], "little") if len(raw) >= 4 else None
+        if trailer is not None and trailer != expected % 2**32:  # ISIZE: the size mod 2**32
+            raise DataError(
+                f"{source}: header shape {shape} needs {expected} bytes, but the gzip "
+                f"trailer says it expands to {trailer}"
+            )
+        try:  # the bytes and the array made from them
+            check_memory(2 * expected, source, f"the idx header's shape {shape}")
+        except ConfigError as e:
+            raise DataError(str(e)) from None
+        return head + f.read(expected - len(head) + 1)
 
 
 def _read_asset(name: str, magic: int) -> np.ndarray:

@@ -144,6 +144,11 @@ class BenchOptions:
         check_int8_scores(self.int8_scores)
         if self.threads < 1 or self.batch < 1 or self.runs < 1 or self.calib_size < 1:
             raise ConfigError("--threads, --batch, --runs and --calib-size must be >= 1")
+        if self.threads > (os.cpu_count() or 1):
+            raise ConfigError(
+                f"--threads must be at most {os.cpu_count() or 1} (the CPU cores here), "
+                f"got {self.threads}"
+            )
         if self.warmup < 0 or self.val_images < 0:
             raise ConfigError("--warmup and --val-images must be >= 0")
         if not 0 <= self.seconds <= MAX_SECONDS:  # inf never ends; nan compares false: 0

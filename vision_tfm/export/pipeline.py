@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError, MissingFileError, OutputExistsError
 from ..io import check_writable_dir
+from ..models import check_input_memory
 from ..models.convert import check_checkpoint_path
 from .onnx import (
     DEFAULT_OPSET,
@@ -142,6 +143,7 @@ def export_checkpoint(
         what = source.task.title
         raise ConfigError(f"{what} maps are scored at the training size; drop --img-size for int8")
     model = source.model
+    check_input_memory(model, opts.parity_images, size, "--img-size")  # before any tensor
     inputs = parity_inputs(source, size, dynamic, opts.parity_images)
     example = inputs[0][:2]  # parity_inputs puts a batch at the export size first
 

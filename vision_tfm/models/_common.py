@@ -10,7 +10,15 @@ from typing import Any
 
 from torch import nn
 
-from ..config import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, ConfigError, Range, check_ranges
+from ..config import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    ConfigError,
+    Range,
+    check_memory,
+    check_ranges,
+)
 from ..errors import InputError, InputTypeError
 from ..layers import ATTN_TYPES, FEATURE_MAPS, Attention
 
@@ -52,6 +60,7 @@ def check_model_config(cfg: Any) -> None:
     names = {f.name for f in dataclasses.fields(cfg)}
     base = {k: r for k, r in BASE_RANGES.items() if k in names}
     check_ranges(cfg, {**base, **getattr(kind, "RANGES", {})})  # and its CHOICES
+    check_model_memory(cfg)
     heads = getattr(cfg, "num_heads", None)
     if not isinstance(heads, int):  # per-stage heads: the family checks them (Swin)
         return
@@ -69,6 +78,65 @@ def check_model_config(cfg: Any) -> None:
             f"embed_dim must be a multiple of 4 * num_heads ({4 * heads}) for rope, "
             f"got {cfg.embed_dim}"
         )
+
+
+def param_floor(cfg: Any) -> dict[str, float]:
+    """A lower bound on a config's parameter count, by the keys that set each part, from
+    arithmetic alone: the blocks' attention and MLP weights, FAVOR+ projections, a learned
+    position table and the head. Stem convolutions, norms and biases are left out, so the
+    bound stays under the real count (hierarchical stages, Swin's, double their width)."""
+    get = partial(getattr, cfg)
+    D = get("embed_dim", 0)
+    depth = get("depth", None)
+    stages = [depth] if isinstance(depth, int) else list(get("depths", ()) or ())
+    blocks = sum(stages)
+    heads = get("num_heads", 1)
+    head_dim = D // heads if isinstance(heads, int) and heads > 0 else D
+    width2 = sum(n * float(D * 2**i) ** 2 for i, n in enumerate(stages))  # stages widen x2
+    parts = {"depth, embed_dim": (4 + 2 * get("mlp_ratio", 4.0)) * width2}
+    if get("attn_type", "") == "linear" and get("feature_map", "") == "favor":
+        parts["favor_features"] = float(blocks) * get("favor_features", 0) * head_dim
+    if get("pos_embed", "") == "learn" and get("patch_size", 0):
+        parts["img_size"] = float(get("img_size", 0) // get("patch_size")) ** 2 * D
+    parts["num_classes"] = float(get("num_classes", 0)) * D
+    return parts
+
+
+def check_model_memory(cfg: Any) -> None:
+    """Refuse a config whose parameters alone (float32, :func:`param_floor`) exceed the
+    machine's memory, before a single block is built: ``depth=10**6`` would otherwise build
+    blocks one by one, even on the meta device, until memory ran out."""
+    parts = param_floor(cfg)
+    key = max(parts, key=parts.__getitem__)
+    n = sum(parts.values())
+    check_memory(4 * n, key, f"a model of at least {n:.3g} parameters")
+
+
+def check_input_memory(
+    model: nn.Module, batch: int, hw: tuple[int, int], key: str, training: bool = False
+) -> None:
+    """Refuse a batch and input size whose activations cannot fit the machine's memory, in
+    one line naming ``key``, before any tensor is made: the input itself, and one
+    ``embed_dim``-wide map per token (per block, and ``4 + 2 * mlp_ratio`` of them, when
+    ``training`` keeps them for the backward pass). A floor: attention maps, stems and
+    temporaries come on top, so nothing this refuses could have run."""
+    cfg = getattr(model, "cfg", None)
+    H, W = hw
+    pixels = float(batch) * H * W
+    need = pixels * getattr(model, "in_chans", 3)
+    info = getattr(model, "feature_info", None) or [{"reduction": 1}]
+    patch = max(int(level.get("reduction", 1)) for level in info)  # fewest tokens: a floor
+    if cfg is not None:
+        parts = param_floor(cfg)
+        D = getattr(cfg, "embed_dim", 0)
+        depth = getattr(cfg, "depth", None)
+        blocks = depth if isinstance(depth, int) else sum(getattr(cfg, "depths", ()) or ())
+        per_token = float(D) * (
+            (4 + 2 * getattr(cfg, "mlp_ratio", 4.0)) * blocks if training else 1
+        )
+        need += pixels / patch**2 * per_token
+        need += sum(parts.values()) * (4 if training else 1)  # weights (+ grads, Adam moments)
+    check_memory(4 * need, key, f"a batch of {batch} at {H}x{W}")
 
 
 def block_kwargs(cfg: Any) -> dict[str, Any]:

@@ -167,7 +167,9 @@ def timm_equivalent(model: nn.Module) -> tuple[str, dict[str, Any]] | None:
     if args is None:
         return None
     name = getattr(model, "model_name", "")
-    arch = name if timm.models.is_model(name) and TIMM_PREFIX + name in _TIMM_NAMES.values() else (
-        known[0]
+    arch = (
+        name
+        if timm.models.is_model(name) and TIMM_PREFIX + name in _TIMM_NAMES.values()
+        else (known[0])
     )
     return arch, args

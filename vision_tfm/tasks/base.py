@@ -10,6 +10,7 @@ and a :func:`register_task` line.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -90,7 +91,14 @@ class Task:
 
     @property
     def num_workers(self) -> int:
-        return self.cfg.data.num_workers
+        """Checked here, where loaders start them, not in the config: a run's config may come
+        from a machine with more cores. A thousand workers never finish an epoch."""
+        n, most = self.cfg.data.num_workers, 4 * (os.cpu_count() or 1)
+        if n > most:
+            raise ConfigError(
+                f"data.num_workers must be at most {most} (4 per CPU core here), got {n}"
+            )
+        return n
 
     def build(self, pretrained: bool = True) -> tuple[nn.Module, Dataset, Dataset, dict[str, Any]]:
         """Model, train and val datasets, and the metadata every checkpoint stores;

@@ -23,7 +23,7 @@ from ..constants import IMAGENET_MEAN, IMAGENET_STD
 from ..data import AugConfig, DataConfig, build_cls_datasets, build_eval_transform
 from ..data.folder import ImageList, list_images
 from ..distributed import all_reduce_sum
-from ..models import get_model_entry, load_pretrained
+from ..models import check_input_memory, get_model_entry, load_pretrained
 from ..viz import plot_confusion, plot_curves
 from .base import Runner, Task, TopGrasp, register_task
 from .config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
@@ -186,6 +186,8 @@ class ClassificationTask(Task):
         model = build_cls_model(
             cfg.model, data.num_classes, data.in_chans, cfg.data.img_size, pretrained
         )
+        size = (cfg.data.img_size,) * 2
+        check_input_memory(model, self.batch_size, size, "data.batch_size", training=True)
         a = cfg.aug
         if a.mixup > 0 or a.cutmix > 0:
             self.mixup = Mixup(

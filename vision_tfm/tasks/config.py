@@ -26,6 +26,8 @@ from ..config import (
     Range,
     apply_overrides,
     config_to_dict,
+    safe_yaml,
+    shorten,
 )
 from ..errors import MissingFileError
 from ..io import atomic_write_text
@@ -257,9 +259,11 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
         if not p.is_file():
             raise MissingFileError(f"config file not found: {p}")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = safe_yaml(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"{p}: not valid YAML ({shorten(str(e).splitlines()[0])})") from None
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping of config sections at the top level")
         try:

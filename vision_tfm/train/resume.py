@@ -38,9 +38,57 @@ class LoopState:
         return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
 
 
+MAX_COUNT = 2**53
+"""Largest epoch, step or update count a checkpoint may hold: beyond it a float (the
+schedule's step, a log's x axis) no longer counts every update."""
+
+_COUNTS = ("epoch", "step_in_epoch", "num_updates", "loss_count", "seen")
+_FLOATS = ("loss_sum", "time_s")  # finite; ``best`` may also be -inf (nothing validated yet)
+
+
+def check_state(ckpt: dict[str, Any], path: Path) -> None:
+    """The loop position a checkpoint holds is one this engine could have written: counts are
+    integers in ``[0, MAX_COUNT]``, the process count is at least 1, the running sums are
+    finite. An edited or corrupt position would otherwise train on silently from a negative
+    epoch or from update 10**18.
+
+    The checkpoint holds no random generator state to check: every draw derives from the
+    config's seed and this position.
+    """
+    state = ckpt["state"]
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: its 'state' must be a mapping, got {type(state).__name__}")
+
+    def bad(key: str, expected: str) -> CheckpointError:
+        shown = _short(repr(state[key]))
+        return CheckpointError(f"{path}: state.{key} must be {expected}, got {shown}")
+
+    for key in (k for k in _COUNTS if k in state):
+        v = state[key]
+        if type(v) is not int or not 0 <= v <= MAX_COUNT:
+            raise bad(key, f"an integer in [0, {MAX_COUNT}]")
+    if "world_size" in state and (type(state["world_size"]) is not int or state["world_size"] < 1):
+        raise bad("world_size", "an integer >= 1")
+    for key in (k for k in (*_FLOATS, "best") if k in state):
+        v = state[key]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+        if not ok or (key != "best" and not math.isfinite(v)) or v == math.inf:
+            raise bad(key, "a finite number" + (" or -inf" if key == "best" else ""))
+    history = ckpt.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise CheckpointError(f"{path}: its 'history' must be a list of mappings")
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """A value as an error quotes it: at most ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def check_weights(ckpt: dict[str, Any], task: Any, path: Path) -> None:
-    """Before anything is built: finite weights that fit the model the checkpoint's config
-    describes, checked on the meta device (an edited config cannot make a huge model)."""
+    """Before anything is built: a sane loop position (:func:`check_state`), and finite
+    weights that fit the model the checkpoint's config describes, checked on the meta device
+    (an edited config cannot make a huge model)."""
+    check_state(ckpt, path)
     check_finite(ckpt["model"], str(path))
     check_fits(task.model_builder(ckpt, str(path))[0], ckpt["model"], str(path))
 

@@ -32,6 +32,7 @@ from .dataset import (
 )
 from .images import (
     DEPTH_CLIP,
+    DEPTH_SCALE,
     NORMALISE_MODES,
     RGB_MEAN,
     RGB_STD,
@@ -52,6 +53,7 @@ from .images import (
 __all__ = [
     "CROP_MODES",
     "DEPTH_CLIP",
+    "DEPTH_SCALE",
     "IN_CHANS",
     "MAX_COORD",
     "NORMALISE_MODES",

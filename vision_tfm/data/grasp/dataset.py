@@ -10,7 +10,6 @@ One item: load RGB and/or depth, cut a ``crop_size`` square and resize it to ``o
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -199,12 +198,7 @@ class CornellGrasp(GraspDataset):
     ) -> None:
         """Views under ``root`` (``root/*/pcdXXXX*`` or ``root/pcdXXXX*``), or the ``ids`` among
         them (e.g. from :func:`split_ids`); ``kwargs`` are :class:`GraspDataset` options."""
-        views, self.skipped_rects = find_cornell_views(root)
-        if self.skipped_rects:
-            warnings.warn(
-                f"{root}: skipped {self.skipped_rects} Cornell rectangles with NaN values",
-                stacklevel=2,
-            )
+        views, self.skipped_rects = find_cornell_views(root)  # one warning per file with skips
         super().__init__(_select(views, ids), crop_size=crop_size, **kwargs)
 
 

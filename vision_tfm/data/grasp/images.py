@@ -8,6 +8,7 @@ when shrinking, up to float rounding (tests/grasp/test_grasp_data.py).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import albumentations as A
@@ -17,7 +18,7 @@ import torch
 
 from vision_tfm.constants import IMAGENET_MEAN, IMAGENET_STD
 from vision_tfm.data.datasets import load_image, open_image
-from vision_tfm.errors import MissingFileError
+from vision_tfm.errors import ConfigError, MissingFileError
 
 from .annotations import GraspDataError
 
@@ -38,16 +39,40 @@ def load_rgb(path: str | Path) -> np.ndarray:
     return load_image(path, 3)
 
 
-def load_depth(path: str | Path) -> np.ndarray:
-    """Decode a float depth TIFF (Pillow reads Cornell's and Jacquard's LZW files).
+DEPTH_SCALE: float = 0.001
+"""Metres per unit of an integer (16-bit) depth image: millimetres, what RealSense and Kinect
+drivers write. A float depth image is read as metres."""
+
+_FLOAT_MODES = ("F",)
+_INTEGER_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_UNITS = "expected a float32 TIFF in metres or a 16-bit PNG/TIFF in millimetres (--depth-scale)"
+
+
+def load_depth(path: str | Path, scale: float | None = None) -> np.ndarray:
+    """Decode a depth image into float32 metres.
+
+    A float TIFF (Cornell's and Jacquard's LZW files) is metres already; a 16-bit (or 32-bit
+    integer) PNG or TIFF is multiplied by ``scale`` (default :data:`DEPTH_SCALE`, millimetres).
+    An 8-bit or colour image is an error: 256 levels cannot hold a depth range, and reading
+    either as metres would feed the model nonsense without a word.
 
     A map with no valid pixel is an error naming the file: it would silently become zeros.
     """
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"depth file not found: {path}")
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"depth scale must be a finite number > 0 (metres per unit), got {scale}")
     with open_image(path) as im:
-        depth = np.asarray(im, dtype=np.float32)
+        if im.mode in _FLOAT_MODES:
+            depth = np.asarray(im, dtype=np.float32)
+        elif im.mode in _INTEGER_MODES:
+            units = np.asarray(im).astype(np.float32)
+            depth = units * np.float32(DEPTH_SCALE if scale is None else scale)
+        else:
+            bands = len(im.getbands())
+            what = "8-bit" if bands == 1 else f"{bands}-channel ({im.mode})"
+            raise GraspDataError(f"{path}: {what} image is not a depth map; {_UNITS}")
     if depth.ndim != 2:
         raise GraspDataError(f"{path}: expected a single-channel depth image, got {depth.shape}")
     if not (np.isfinite(depth) & (depth > 0)).any():  # would be inpainted to a flat zero map

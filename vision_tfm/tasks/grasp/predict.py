@@ -27,6 +27,9 @@ _DEPTH_OF = (  # an RGB view's name -> its depth file's, in the datasets' layout
     (re.compile(r"^(pcd\d+)r\.png$"), r"\1d.tiff"),  # Cornell
     (re.compile(r"^(.*)_RGB\.png$"), r"\1_perfect_depth.tiff"),  # Jacquard
 )
+MIN_VIEW_SIDE = 32
+"""Shortest side a view may have when the model crops the whole shorter side
+(``data.crop_size`` 0); with a set crop size, the view must hold that crop."""
 _NOT_VIEWS = re.compile(r"(^pcd\d+d\.tiff$)|(_(perfect|stereo)_depth\.tiff$)|(_mask\.png$)")
 
 
@@ -59,10 +62,17 @@ class View:
 class GraspPredictor:
     """A grasp checkpoint with the validation preprocessing and decoding, loaded once."""
 
-    def __init__(self, checkpoint: str | os.PathLike, use_ema: bool | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: str | os.PathLike,
+        use_ema: bool | None = None,
+        depth_scale: float | None = None,
+    ) -> None:
+        """``depth_scale``: metres per unit of 16-bit depth images (None: millimetres)."""
         self.model, self.cfg = GraspTask.restore(
             load_checkpoint(checkpoint), use_ema, str(checkpoint)
         )
+        self.depth_scale = depth_scale
 
     @property
     def needs_depth(self) -> bool:
@@ -85,10 +95,15 @@ class GraspPredictor:
                     )
                 if not Path(depth).is_file():
                     raise MissingFileError(f"{image}: depth file not found: {depth}")
-            dep = load_depth(depth)
+            dep = load_depth(depth, self.depth_scale)
         H, W = rgb.shape[:2]
         if dep is not None and dep.shape != (H, W):
             raise InputError(f"depth {dep.shape} does not match image {(H, W)}: {depth}")
+        side = d.crop_size or MIN_VIEW_SIDE
+        if min(H, W) < side:  # upsampled, objects would be far larger than the model learnt
+            what = f"the model's {side}x{side} crop (data.crop_size)"
+            what = what if d.crop_size else f"{side} pixels a side"
+            raise InputError(f"{image}: view {W}x{H} is smaller than {what}")
         box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
         rgb_c, dep_c = crop_resize(rgb if d.input != "depth" else None, dep, box, d.output_size)
         x = to_input(rgb_c, dep_c, d.normalise)
@@ -124,14 +139,15 @@ def predict_grasps(
     depth: str | Path | None = None,
     top_n: int = 5,
     use_ema: bool | None = None,
+    depth_scale: float | None = None,
 ) -> tuple[list[Grasp], np.ndarray]:
     """Top grasps on one raw view, in the view's own pixel coordinates.
 
     The view gets the validation preprocessing (centre square crop of ``crop_size``, resize,
-    normalisation, depth hole filling) and decoding (filters, ``eval.flip_tta``). Returns the
-    grasps and the RGB image.
+    normalisation, depth hole filling) and decoding (filters, ``eval.flip_tta``); 16-bit depth
+    is ``depth_scale`` metres per unit (None: millimetres). Returns the grasps and the RGB image.
     """
-    predictor = GraspPredictor(checkpoint, use_ema)
+    predictor = GraspPredictor(checkpoint, use_ema, depth_scale)
     if predictor.needs_depth and depth is None:
         raise ConfigError(
             f"the model takes input={predictor.cfg.data.input!r}: pass --depth with a depth file"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...constants import MAP_KEYS
-from ...data.grasp import DEPTH_CLIP, RGB_MEAN, RGB_STD
+from ...data.grasp import DEPTH_CLIP, DEPTH_SCALE, RGB_MEAN, RGB_STD
 from ...grasp import MAP_ACTIVATIONS
 from ..spec import DOC, convert_step, decode_step
 
@@ -40,6 +40,7 @@ def grasp_preprocess(cfg: Any) -> dict[str, Any]:
                 "file": "depth",
                 "dtype": "float32",
                 "unit": "metres",
+                "integer_scale": DEPTH_SCALE,
                 "shape": "(H, W), the RGB image's",
             }
         )

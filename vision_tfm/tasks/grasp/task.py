@@ -41,6 +41,7 @@ from ...grasp import (
     grasp_correct,
     split_maps,
 )
+from ...models import check_input_memory
 from ...viz import plot_curves
 from ..base import Runner, Task, TopGrasp, register_task
 from ..config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
@@ -117,6 +118,8 @@ class GraspTask(Task):
         )
         self.val_gt = val.recropped("grasps")
         model = build_grasp_model(self.cfg, pretrained)
+        size = (d.output_size,) * 2
+        check_input_memory(model, self.batch_size, size, "data.batch_size", training=True)
         meta = {
             "task": self.name,
             "model_name": self.cfg.model.name,

@@ -1,0 +1,120 @@
+"""Sizes are checked arithmetically before anything is allocated: one line naming the key."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+
+import pytest
+import torch
+from conftest import assert_names
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vision_tfm.config import ConfigError, apply_overrides, machine_memory
+from vision_tfm.data.mnist import parse_idx, read_idx
+from vision_tfm.errors import DataError
+from vision_tfm.export.benchmark import BenchOptions
+from vision_tfm.models import check_input_memory, create_model, list_models
+from vision_tfm.models._common import param_floor
+from vision_tfm.tasks import ClassificationTask, ClsConfig
+
+pytestmark = pytest.mark.skipif(machine_memory() is None, reason="no memory figure here")
+
+
+@pytest.mark.parametrize(
+    ("kw", "key"),
+    [
+        ({"depth": 10**6}, "depth"),
+        (
+            {"attn_type": "linear", "feature_map": "favor", "favor_features": 10**9},
+            "favor_features",
+        ),
+        ({"img_size": 700000 * 16, "patch_size": 16}, "img_size"),
+        ({"embed_dim": 2**20, "num_heads": 1}, "embed_dim"),
+    ],
+)
+def test_huge_model_configs_are_refused_before_building(kw, key) -> None:
+    """depth=10**6 used to build a million blocks, even on the meta device."""
+    with pytest.raises(ConfigError) as info:
+        create_model("vit_test", **kw)  # arithmetic, not a million modules
+    assert_names(str(info.value), key, "GiB")
+
+
+@pytest.mark.parametrize("name", [n for n in list_models() if "224" not in n])
+def test_param_floor_stays_under_the_real_count(name) -> None:
+    """A floor: the bound never refuses a model that would fit."""
+    model = create_model(name)
+    assert sum(param_floor(model.cfg).values()) <= sum(p.numel() for p in model.parameters())
+
+
+def test_batch_and_image_size_are_bounded() -> None:
+    with torch.device("meta"):
+        model = create_model("vit_base_patch16_224")
+    check_input_memory(model, 2, (224, 224), "data.batch_size", training=True)
+    with pytest.raises(ConfigError) as info:
+        check_input_memory(model, 4096, (224, 224), "data.batch_size", training=True)
+    assert_names(str(info.value), "data.batch_size", 4096)
+    with pytest.raises(ConfigError) as info:
+        check_input_memory(model, 1, (700000, 700000), "--img-size")
+    assert_names(str(info.value), "--img-size", "700000x700000")
+
+
+def test_num_workers_are_bounded_by_the_cores() -> None:
+    most = 4 * (os.cpu_count() or 1)
+    cfg = apply_overrides(ClsConfig(), {"data.num_workers": most})
+    assert ClassificationTask(cfg).num_workers == most
+    cfg = apply_overrides(ClsConfig(), {"data.num_workers": 1000 + most})
+    with pytest.raises(ConfigError) as info:
+        ClassificationTask(cfg).num_workers  # noqa: B018
+    assert_names(str(info.value), "data.num_workers", 1000 + most)
+
+
+def test_benchmark_threads_are_bounded_by_the_cores() -> None:
+    with pytest.raises(ConfigError) as info:
+        BenchOptions(threads=100000).validate()
+    assert_names(str(info.value), "--threads", 100000)
+
+
+def _idx(shape: tuple[int, ...], body: bytes) -> bytes:
+    return struct.pack(">BBBB", 0, 0, 8, len(shape)) + struct.pack(f">{len(shape)}I", *shape) + body
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=6), st.binary(max_size=64))
+def test_idx_header_never_wraps(shape, body) -> None:
+    """Dimensions whose product overflows int64 no longer wrap to a size that passes."""
+    data = _idx(tuple(shape), body)
+    total = 4 + 4 * len(shape)
+    prod = 1
+    for n in shape:
+        prod *= n
+    try:
+        arr = parse_idx(data)
+    except DataError:
+        assert total + prod != len(data)
+    else:
+        assert arr.size == prod and total + prod == len(data)
+
+
+def test_gzip_idx_that_expands_past_its_header_is_refused_unexpanded(tmp_path) -> None:
+    path = tmp_path / "bomb-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(_idx((10, 28, 28), bytes(50_000_000)), compresslevel=1))
+    with pytest.raises(DataError) as info:
+        read_idx(path)
+    assert_names(str(info.value), path, "trailer")
+
+
+def test_gzip_idx_declaring_more_than_memory_is_refused(tmp_path) -> None:
+    path = tmp_path / "big-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(_idx((2**31, 2**16, 2**16), b"")))
+    with pytest.raises(DataError) as info:
+        read_idx(path)
+    assert_names(str(info.value), path, "GiB")
+
+
+def test_gzip_idx_still_reads(tmp_path) -> None:
+    path = tmp_path / "ok-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(_idx((2, 2, 3), bytes(range(12)))))
+    assert read_idx(path).tolist() == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
