@@ -98,6 +98,17 @@ def test_timm_builds_our_model_with_timms_arguments():
     assert fe.feature_info.reduction() == [2, 4, 8, 16]
 
 
+def test_timm_pretrained_path_overlay_loads_a_local_file(tmp_path):
+    """train.py --pretrained --pretrained-path FILE: timm overlays file= and num_classes=-1."""
+    src = randomised("vit_test")
+    torch.save(src.state_dict(), tmp_path / "w.pth")
+    overlay = {"file": str(tmp_path / "w.pth"), "num_classes": -1}
+    m = timm.create_model("vit_test", pretrained=True, pretrained_cfg_overlay=overlay).eval()
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(outputs(m, x), outputs(src, x))
+    assert m.pretrained_cfg["num_classes"] == 1000
+
+
 def test_timm_training_pieces_drive_a_registered_model():
     """What timm's train.py does with a model, on ours: data config, transforms, optimizer,
     scheduler and a few steps that lower the loss on a fixed batch."""

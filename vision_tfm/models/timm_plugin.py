@@ -83,12 +83,17 @@ def _entrypoint(name: str, registered: str) -> Callable[..., nn.Module]:
                     raise ConfigError(f"{registered}: has no {k} (got {kwargs[k]!r})")
                 del kwargs[k]
         tag = cfg if isinstance(cfg, str) else ""
-        folder = None if isinstance(cfg, str) else _folder_weights(cfg)
+        weights = None if isinstance(cfg, str) else _folder_weights(cfg)
+        overlay = dict(overlay)
+        file = overlay.pop("file", None)  # train.py --pretrained-path: a local weights file
+        overlay.pop("num_classes", None)  # its -1 ("adapt the head") is our num_classes rule
+        if weights is None and file:
+            weights = Path(file)
         model = create_model(
             f"{name}.{tag}" if tag else name,
-            pretrained=bool(pretrained and folder is None),
-            checkpoint_path=folder if pretrained else None,
-            pretrained_cfg_overlay=dict(overlay) or None,
+            pretrained=bool(pretrained and weights is None),
+            checkpoint_path=weights if pretrained else None,
+            pretrained_cfg_overlay=overlay or None,
             **kwargs,
         )
         return model.to(device=device, dtype=dtype) if device or dtype else model
