@@ -26,6 +26,7 @@ from .tasks.predict import (
     batched,
     check_table_path,
     expand_inputs,
+    finite_input,
     write_table,
 )
 from .version import __version__
@@ -175,7 +176,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
     def load(path: Path) -> tuple[np.ndarray, torch.Tensor]:
         img = clf.load(path)
-        return img, clf.transform(img)
+        return img, finite_input(clf.transform(img), path)
 
     failed: list[Failed] = []
     for names, items in _each_batch(paths, load, args.batch_size, failed):
