@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ConfigError, MissingFileError, OutputExistsError, VisionTfmError
+from .errors import ConfigError, MissingFileError, OutputExistsError, error_line, exit_code
 from .io import check_writable_dir
 from .models.convert import check_checkpoint_path
 from .tasks.grasp import draw_grasps
@@ -523,9 +523,12 @@ def main(argv: list[str] | None = None) -> None:
         prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         args.fn(args)
-    except (VisionTfmError, OSError, ValueError) as e:  # ours; a library's, on bad input
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:  # ours; a library's, on bad input or a full disk; a bug re-raised
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(error_line(e), file=sys.stderr)
+        sys.exit(code)
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
