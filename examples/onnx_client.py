@@ -21,30 +21,44 @@ import argparse
 import hashlib
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from PIL import Image
 
 CONTRACT = "vision_tfm.cls.preprocess/2"  # the preprocessing this client implements
 GRASP_CONTRACT = "vision_tfm.grasp.preprocess/4"
 NEIGHBOURS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx]  # raster order
+MAX_SIDE = 16384  # the longest side model.json may ask for (a resize, a crop, the input)
+MAX_PIXELS = 2**26  # the largest image a resize may make: a step past it would exhaust memory
+ORT_ERRORS = tuple(  # what onnxruntime raises on a file it cannot load (not a builtin type)
+    e for e in vars(ort_state).values() if isinstance(e, type) and issubclass(e, Exception)
+)
+
+
+class InputError(Exception):
+    """A file, model.json or model this client refuses: printed as one line, exit code 2."""
 
 
 def decode(path: str | Path) -> Image.Image:
     """The ``decode`` step: the file's pixels as 8-bit samples (docs: decoding an image file)."""
-    with Image.open(path) as im:
-        im.load()
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except Image.DecompressionBombError as e:
+        raise InputError(f"{path}: {e}") from None
     if im.mode.startswith("I;16") or im.mode == "I":
         a = np.asarray(im, dtype=np.int64)
         if a.size and (a.min() < 0 or a.max() > 65535):
-            raise SystemExit(f"{path}: {im.mode} pixels outside 0..65535")
+            raise InputError(f"{path}: {im.mode} pixels outside 0..65535")
         if im.mode == "I" and (not a.size or a.max() <= 255):
             return Image.fromarray(a.astype(np.uint8), "L")
         return Image.fromarray(((a + 128) // 257).astype(np.uint8), "L")  # 65535 -> 255
     if im.mode not in ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK"):
-        raise SystemExit(f"{path}: mode {im.mode} is outside the decoding contract")
+        raise InputError(f"{path}: mode {im.mode} is outside the decoding contract")
     return im  # Pillow itself reads 16-bit colour PNGs by their high byte
 
 
@@ -76,6 +90,8 @@ def resize(img: np.ndarray, short_side: int) -> np.ndarray:
     h, w, _ = img.shape
     scale = short_side / min(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    if nh * nw > MAX_PIXELS:  # a thin image resized by its short side
+        raise InputError(f"a {w}x{h} image resized to {nw}x{nh} is over {MAX_PIXELS:,} pixels")
     if (nh, nw) == (h, w):
         return img
     xi, xw = cubic_taps(w, nw)
@@ -87,7 +103,7 @@ def resize(img: np.ndarray, short_side: int) -> np.ndarray:
 
 def check_contract(pre: dict, contract: str) -> None:
     if pre.get("contract") != contract:
-        raise SystemExit(
+        raise InputError(
             f"model.json states preprocessing {pre.get('contract')!r}; this client follows "
             f"{contract!r}"
         )
@@ -97,6 +113,11 @@ def run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndarr
     """Run ``preprocess.steps`` in the order listed on the named ``files`` ("image"; or "rgb"
     and "depth"). Returns the ``(1, C, H, W)`` float32 input and the crop box, where there is
     one. A step without ``applies_to`` works on "image"."""
+    with np.errstate(all="ignore"):  # a NaN or inf is refused once, at to_tensor
+        return _run_steps(steps, files)
+
+
+def _run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndarray, dict]:
     arrays: dict[str, np.ndarray] = {}
     box: dict = {}
     for step in steps:
@@ -109,6 +130,11 @@ def run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndarr
             arrays["image"] = resize(arrays["image"], step["size"])
         elif op == "center_crop":
             img, (ch, cw) = arrays["image"], step["size"]  # [H, W]
+            if ch > img.shape[0] or cw > img.shape[1]:  # slicing would return less, silently
+                raise InputError(
+                    f"model.json: center_crop size {[ch, cw]} is larger than the resized "
+                    f"image ({img.shape[0]}x{img.shape[1]})"
+                )
             top, left = (img.shape[0] - ch) // 2, (img.shape[1] - cw) // 2
             arrays["image"] = img[top : top + ch, left : left + cw]
         elif op == "normalize":
@@ -143,10 +169,17 @@ def run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndarr
         elif op == "to_tensor":
             parts = [arrays[k].astype(np.float32) for k in ("image", "rgb", "depth") if k in arrays]
             chw = [p.transpose(2, 0, 1) if p.ndim == 3 else p[None] for p in parts]
-            return np.ascontiguousarray(np.concatenate(chw)[None]), box
+            x = np.ascontiguousarray(np.concatenate(chw)[None])
+            bad = int(x.size - np.isfinite(x).sum())
+            if bad:  # the model would give NaN scores without a word
+                raise InputError(
+                    f"{', '.join(str(f) for f in files.values() if f)}: {bad} input values "
+                    "are NaN or inf after preprocessing"
+                )
+            return x, box
         else:
-            raise SystemExit(f"model.json: step {op!r} is unknown to this client")
-    raise SystemExit("model.json: the preprocessing steps end without to_tensor")
+            raise InputError(f"model.json: step {op!r} is unknown to this client")
+    raise InputError("model.json: the preprocessing steps end without to_tensor")
 
 
 def preprocess(path: str | Path, meta: dict) -> np.ndarray:
@@ -160,6 +193,13 @@ def classify(sess: ort.InferenceSession, image: str | Path, meta: dict) -> np.nd
     """Class probabilities of one image."""
     (logits,) = sess.run(None, {meta["inputs"][0]["name"]: preprocess(image, meta)})
     z = logits[0].astype(np.float64)
+    if z.shape != (len(meta["class_names"]),):
+        raise InputError(
+            f"the model gives {z.shape[-1] if z.ndim else 1} scores but model.json has "
+            f"{len(meta['class_names'])} class names"
+        )
+    if not np.isfinite(z).all():
+        raise InputError(f"{image}: the model gave NaN or inf scores")
     e = np.exp(z - z.max())
     return e / e.sum()
 
@@ -214,19 +254,19 @@ def decode_depth(path: str | None, rgb: np.ndarray | None, scale: float = 0.001)
     metres; a 16-bit (or 32-bit integer) one is multiplied by ``integer_scale`` (millimetres,
     as RealSense and Kinect write); 8-bit or colour images hold no depth."""
     if path is None:
-        raise SystemExit("this grasp model takes depth: pass --depth")
+        raise InputError("this grasp model takes depth: pass --depth")
     with Image.open(path) as im:
         if im.mode == "F":
             depth = np.asarray(im, dtype=np.float32)
         elif im.mode.startswith("I;16") or im.mode == "I":
             depth = np.asarray(im).astype(np.float32) * np.float32(scale)
         else:
-            raise SystemExit(
+            raise InputError(
                 f"{path}: a {im.mode} image is not a depth map; expected a float32 TIFF in "
                 "metres or a 16-bit PNG/TIFF in millimetres"
             )
     if rgb is not None and depth.shape != rgb.shape[:2]:
-        raise SystemExit(f"depth {depth.shape} does not match image {rgb.shape[:2]}: {path}")
+        raise InputError(f"depth {depth.shape} does not match image {rgb.shape[:2]}: {path}")
     return depth
 
 
@@ -299,6 +339,8 @@ def find_grasps(
 
     def run(v: np.ndarray) -> dict[str, np.ndarray]:
         (maps,) = sess.run(None, {meta["inputs"][0]["name"]: v})  # (1, 4, H, W)
+        if maps.ndim != 4 or maps.shape[1] != len(keys) or not np.isfinite(maps).all():
+            raise InputError(f"the model gave maps {maps.shape}, not {len(keys)} finite channels")
         return {k: maps[:, i : i + 1] for i, k in enumerate(keys)}
 
     maps, peaks = run(x), []
@@ -337,9 +379,141 @@ def find_grasps(
                 g["opening"] *= side / S
                 g["jaw"] *= side / S
         elif op != "flip_average":
-            raise SystemExit(f"model.json: postprocess step {op!r} is unknown to this client")
+            raise InputError(f"model.json: postprocess step {op!r} is unknown to this client")
     keep = ("x", "y", "angle", "opening", "jaw", "quality")
     return [{k: g[k] for k in keep} for g in out]
+
+
+# --- model.json ------------------------------------------------------------------------------
+
+
+def _numbers(v: object, what: str, positive: bool = False, n: int | None = None) -> None:
+    """``v`` is a finite number (or a list of ``n``, where ``n`` is given), > 0 if asked."""
+    vs = v if n is not None and isinstance(v, list) else [v]
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
+    ok = ok and all(math.isfinite(x) and (x > 0 or not positive) for x in vs)
+    if not ok or (n is not None and (not isinstance(v, list) or len(vs) not in (1, n))):
+        want = "a finite number" + (" > 0" if positive else "")
+        want = f"a list of 1 or {n} ({want} each)" if n is not None else want
+        raise InputError(f"model.json: {what} must be {want}, got {str(v)[:200]}")
+
+
+def _sides(v: object, what: str, n: int | None = None, most: int = MAX_SIDE) -> None:
+    """``v`` is a whole number in 1..``most`` (or a list of ``n`` of them)."""
+    vs = v if n is not None and isinstance(v, list) and len(v) == n else [v]
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= most for x in vs):
+        want = f"{n} whole numbers" if n is not None else "a whole number"
+        raise InputError(f"model.json: {what} must be {want} in 1..{most}, got {str(v)[:200]}")
+
+
+def _plain_name(name: object) -> bool:
+    """A file name with no folder part: ``files`` may not point outside the model's folder."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\:\0")
+    )
+
+
+def check_meta(meta: object, where: Path) -> dict:
+    """Refuse, in one line, a ``model.json`` whose steps would give NaN scores (a zero or NaN
+    std), exhaust memory (a huge resize or crop), read outside the model's folder (a file
+    name with a path in it) or fail halfway with a traceback (a missing key)."""
+    if not isinstance(meta, dict) or meta.get("task") not in ("cls", "grasp"):
+        task = meta.get("task") if isinstance(meta, dict) else None
+        raise InputError(f"{where}: unknown task {str(task)[:200]!r}")
+    files, inputs = meta.get("files"), meta.get("inputs")
+    if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
+        raise InputError(f"{where}: files must list the files to ship")
+    for f in files:
+        if not _plain_name(f.get("name")):
+            raise InputError(
+                f"{where}: files: {str(f.get('name'))[:200]!r} is not a plain file name"
+            )
+        if not (isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)):
+            raise InputError(f"{where}: files: {f['name']} needs bytes and sha256")
+    if not (isinstance(inputs, list) and inputs and isinstance(inputs[0], dict)):
+        raise InputError(f"{where}: inputs must name the graph's input")
+    if not isinstance(inputs[0].get("name"), str):
+        raise InputError(f"{where}: inputs[0].name must be a string")
+    names = meta.get("class_names")
+    if meta["task"] == "cls" and not (
+        isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    ):
+        raise InputError(f"{where}: class_names must be a list of strings")
+    pre = meta.get("preprocess")
+    if not (isinstance(pre, dict) and isinstance(pre.get("steps"), list)):
+        raise InputError(f"{where}: preprocess.steps must list the steps")
+    sizes = []  # the map sides: what a blur or a peak window may span at most
+    for step in pre["steps"]:
+        op = step.get("op") if isinstance(step, dict) else None
+        if op is None:
+            raise InputError(f"{where}: each preprocess step needs an op")
+        what = f"{op}"
+        if op == "decode" and step.get("file") not in ("image", "rgb"):
+            raise InputError(f"{where}: decode.file must be image or rgb")
+        if op == "convert" and step.get("to") not in ("L", "RGB"):
+            raise InputError(f"{where}: convert.to must be L or RGB")
+        if op == "resize_short_side":
+            _sides(step.get("size"), f"{what}.size")
+        elif op == "center_crop":
+            _sides(step.get("size"), f"{what}.size", n=2)
+        elif op == "resize_area":
+            _sides(step.get("size"), f"{what}.size", n=2)
+            sizes.append(step["size"][0])
+        elif op == "center_crop_square" and step.get("size") is not None:
+            _sides(step.get("size"), f"{what}.size")
+        elif op in ("normalize", "normalize_rgb"):
+            _numbers(step.get("mean"), f"{what}.mean", n=3)
+            _numbers(step.get("std"), f"{what}.std", positive=True, n=3)
+        elif op == "decode_depth":
+            _numbers(step.get("integer_scale", 0.001), f"{what}.integer_scale", positive=True)
+        elif op == "center_depth":
+            _numbers(step.get("clip"), f"{what}.clip", positive=True)
+        elif op == "standardise":
+            _numbers(step.get("min_std"), f"{what}.min_std", positive=True)
+    if meta["task"] == "grasp":
+        post = meta.get("postprocess")
+        ok = isinstance(post, dict) and isinstance(post.get("steps"), list)
+        ok = ok and isinstance(post.get("maps"), dict) and post["maps"].get("channels") == [
+            "quality", "cos", "sin", "width"
+        ]  # fmt: skip
+        if not ok:
+            raise InputError(f"{where}: postprocess must list the maps' channels and the steps")
+        side = max(sizes, default=1)
+        for step in post["steps"]:
+            op = step.get("op") if isinstance(step, dict) else None
+            if op == "gaussian_filter":
+                sigma = step.get("sigma")
+                if not (
+                    isinstance(sigma, dict) and set(sigma) == {"quality", "cos", "sin", "width"}
+                ):
+                    raise InputError(f"{where}: gaussian_filter.sigma must give each map's")
+                for k, v in sigma.items():  # 0: no blur; the kernel spans 8 sigma
+                    _numbers(v, f"gaussian_filter.sigma.{k}")
+                    if not 0 <= v <= side:
+                        raise InputError(f"{where}: gaussian_filter.sigma.{k} must be in 0..{side}")
+            elif op == "peaks":
+                if step.get("min_distance") != 0:
+                    _sides(step.get("min_distance"), "peaks.min_distance", most=side)
+                _numbers(step.get("threshold"), "peaks.threshold")
+            elif op == "grasps":
+                _numbers(step.get("width_scale"), "grasps.width_scale", positive=True)
+    return meta
+
+
+def check_session(sess: ort.InferenceSession, meta: dict) -> None:
+    """The graph takes the input model.json names and gives one score per class name (where
+    its output width is fixed; a dynamic one is checked on the first image)."""
+    name = meta["inputs"][0]["name"]
+    if name not in [i.name for i in sess.get_inputs()]:
+        raise InputError(f"model.json names input {name[:200]!r}; the model has no such input")
+    width = sess.get_outputs()[0].shape[-1] if sess.get_outputs()[0].shape else None
+    if meta["task"] == "cls" and isinstance(width, int) and width != len(meta["class_names"]):
+        raise InputError(
+            f"the model gives {width} scores but model.json has "
+            f"{len(meta['class_names'])} class names"
+        )
 
 
 def check_files(folder: Path, meta: dict, sha256: bool) -> None:
@@ -348,14 +522,29 @@ def check_files(folder: Path, meta: dict, sha256: bool) -> None:
     for f in meta["files"]:
         path = folder / f["name"]
         if not path.is_file() or path.stat().st_size != f["bytes"]:
-            raise SystemExit(f"{path}: missing or not {f['bytes']} bytes; model.json lists it")
+            raise InputError(f"{path}: missing or not {f['bytes']} bytes; model.json lists it")
         if sha256:
             with open(path, "rb") as fh:
                 if hashlib.file_digest(fh, "sha256").hexdigest() != f["sha256"]:
-                    raise SystemExit(f"{path}: sha256 differs from model.json's")
+                    raise InputError(f"{path}: sha256 differs from model.json's")
 
 
 def main() -> None:
+    """Bad input (a file, model.json, the model) is one line on stderr and exit code 2."""
+    try:
+        run()
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except ORT_ERRORS as e:  # a file onnxruntime cannot load or run
+        print(f"error: onnxruntime: {str(e).strip().splitlines()[0][:300]}", file=sys.stderr)
+        sys.exit(2)
+    except (OSError, ValueError) as e:  # unreadable files, JSON that is not JSON
+        print(f"error: {str(e).strip().splitlines()[0][:300]}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run() -> None:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
         epilog="model.json (beside the model) states every step; see docs/deployment.md.",
@@ -373,17 +562,19 @@ def main() -> None:
     p.add_argument("--probs", action="store_true", help="print every probability as JSON")
     args = p.parse_args()
     meta_path = Path(args.meta) if args.meta else Path(args.model).with_suffix(".json")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("task") not in ("cls", "grasp"):
-        raise SystemExit(f"{meta_path}: unknown task {meta.get('task')!r}")
+    try:
+        meta = check_meta(json.loads(meta_path.read_text()), meta_path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{meta_path}: not JSON ({e})") from None
     check_files(Path(args.model).parent, meta, args.verify)
     so = ort.SessionOptions()
     # trained models underflow to denormals, which x86 runs several times slower
     so.add_session_config_entry("session.set_denormal_as_zero", "1")
     sess = ort.InferenceSession(str(args.model), so, providers=["CPUExecutionProvider"])
+    check_session(sess, meta)
     if meta["task"] == "grasp":
         if len(args.images) != 1:
-            raise SystemExit("a grasp model takes one RGB view (and --depth)")
+            raise InputError("a grasp model takes one RGB view (and --depth)")
         grasps = find_grasps(sess, args.images[0], args.depth, meta, max(1, args.top))
         if args.json:
             print(json.dumps(grasps))

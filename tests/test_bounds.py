@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +119,34 @@ def test_gzip_idx_still_reads(tmp_path) -> None:
     path = tmp_path / "ok-idx3-ubyte.gz"
     path.write_bytes(gzip.compress(_idx((2, 2, 3), bytes(range(12)))))
     assert read_idx(path).tolist() == [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]]
+
+
+def test_benchmark_batch_is_bounded_before_allocation(tmp_path, capsys) -> None:
+    """``vtfm benchmark --batch 10**9``: one line naming the flag, before any image is read."""
+    from test_cli_predict import TINY_VIT
+
+    from vision_tfm.cli import main
+    from vision_tfm.io import atomic_save
+    from vision_tfm.models import create_model
+
+    meta = {"task": "cls", "num_classes": 10, "in_chans": 1, "img_size": 28}
+    meta |= {"class_names": [f"c{i}" for i in range(10)], "mean": [0.13], "std": [0.31]}
+    ck = {"model": create_model("vit_mnist", **TINY_VIT).state_dict(), "meta": meta,
+          "config": {"model": {"name": "vit_mnist", "kwargs": TINY_VIT}}}  # fmt: skip
+    atomic_save(ck, tmp_path / "ck.pt")
+    with pytest.raises(SystemExit) as e:
+        main(["benchmark", "--checkpoint", str(tmp_path / "ck.pt"), "--batch", str(10**9)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert_names(err, "--batch", 10**9)
+
+
+def test_training_threads_are_bounded_by_the_cores(tmp_path, monkeypatch) -> None:
+    from vision_tfm.train.engine import Trainer
+
+    cfg = apply_overrides(ClsConfig(), {"run.threads": 100000, "run.out_dir": str(tmp_path)})
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg, trainer.resume_path, trainer._run_dir = cfg, Path("x"), None
+    with pytest.raises(ConfigError) as info:
+        trainer._setup()
+    assert_names(str(info.value), "run.threads", 100000)

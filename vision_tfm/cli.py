@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ConfigError, MissingFileError, OutputExistsError, VisionTfmError
+from .errors import ConfigError, MissingFileError, OutputExistsError, error_line, exit_code
 from .io import check_writable_dir
 from .models.convert import check_checkpoint_path
 from .tasks.grasp import draw_grasps
@@ -26,6 +26,7 @@ from .tasks.predict import (
     batched,
     check_table_path,
     expand_inputs,
+    finite_input,
     write_table,
 )
 from .version import __version__
@@ -175,7 +176,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
     def load(path: Path) -> tuple[np.ndarray, torch.Tensor]:
         img = clf.load(path)
-        return img, clf.transform(img)
+        return img, finite_input(clf.transform(img), path)
 
     failed: list[Failed] = []
     for names, items in _each_batch(paths, load, args.batch_size, failed):
@@ -522,9 +523,12 @@ def main(argv: list[str] | None = None) -> None:
         prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         args.fn(args)
-    except (VisionTfmError, OSError, ValueError) as e:  # ours; a library's, on bad input
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:  # ours; a library's, on bad input or a full disk; a bug re-raised
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(error_line(e), file=sys.stderr)
+        sys.exit(code)
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)

@@ -8,6 +8,9 @@ so code that catches those keeps working, and the CLI catches :class:`VisionTfmE
 
 from __future__ import annotations
 
+import errno
+import pickle
+
 __all__ = [
     "CheckpointError",
     "ConfigError",
@@ -24,7 +27,7 @@ __all__ = [
     "UnknownKeyError",
     "UnsafeFileError",
     "VisionTfmError",
-]
+]  # the classes alone (tests/test_errors.py); exit_code and error_line are for the CLIs
 
 
 class VisionTfmError(Exception):
@@ -92,3 +95,44 @@ class OutputExistsError(RunDirError, FileExistsError):
 
 class ExportError(VisionTfmError, RuntimeError):
     """An export step failed: the exporter, a runtime, or a check on what it wrote."""
+
+
+_WRITE_ERRNOS = frozenset(
+    {errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EPIPE}
+)
+_TORCH_WRITE = ("unexpected pos", "PytorchStreamWriter failed", "problem writing")
+
+
+def exit_code(e: BaseException) -> int | None:
+    """The exit code a CLI gives an expected failure, or None for a bug (whose traceback
+    should show): 1 for a failed write (disk full, file-size limit), 2 for bad input,
+    ours or a library's (an unsafe or corrupt checkpoint, a file onnxruntime cannot load,
+    a size beyond memory)."""
+    kind = type(e)
+    if isinstance(e, VisionTfmError):
+        return 2
+    if isinstance(e, OSError):
+        return 1 if e.errno in _WRITE_ERRNOS or "writ" in str(e).lower() else 2
+    if isinstance(e, RuntimeError) and any(s in str(e) for s in _TORCH_WRITE):
+        return 1  # torch's zip writer on a full disk or past a file-size limit
+    if isinstance(e, RuntimeError) and str(e).startswith("Weights only load failed"):
+        return 2  # torch refused to unpickle objects beyond plain data
+    if isinstance(e, (ValueError, MemoryError, pickle.UnpicklingError)):
+        return 2
+    if kind.__name__ == "SafetensorError" or kind.__module__.startswith("onnxruntime"):
+        return 2  # a corrupt safetensors file (a bad Hugging Face cache); an unloadable graph
+    return None
+
+
+def error_line(e: BaseException) -> str:
+    """``error: <the first line of the message>``, cut to about 300 characters: a library's
+    message can run to pages (torch's unpickling advice) or be empty (``MemoryError``)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, pickle.UnpicklingError) or text.startswith("Weights only load failed"):
+        text = "a checkpoint holds objects beyond plain data, which are never loaded (torch's "
+        text += "weights_only refusal); re-save it as a state dict"  # not torch's advice
+    elif isinstance(e, MemoryError):
+        text = f"out of memory{': ' + text if text else ''}"
+    elif not isinstance(e, VisionTfmError) and type(e).__module__ != "builtins":
+        text = f"{type(e).__name__}: {text}"  # a library's type says where it came from
+    return f"error: {text[:300] or type(e).__name__}"

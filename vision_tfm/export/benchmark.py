@@ -38,7 +38,7 @@ import torch
 
 from ..accel import cpu_native_bf16, warn_if_bf16_emulated
 from ..errors import ConfigError, ExportError, MissingFileError
-from ..models import get_model_entry
+from ..models import check_input_memory, get_model_entry
 from ..optimize import optimize_for_inference
 from .flops import count_flops, cpu_description, matmul_ceiling, torch_threads
 from .memory import peak_rss_mb
@@ -311,6 +311,8 @@ def benchmark_checkpoint(
         source = model_source(opts.model, size, opts.data, opts.weights)
     else:
         source = load_source(checkpoint, opts.ema, opts.data)
+    key = "--batch" if opts.img_size is None else "--batch and --img-size"
+    check_input_memory(source.model, opts.batch, source.img_size, key)  # before any tensor
     with torch_threads(opts.threads), tempfile.TemporaryDirectory() as tmp:
         work = Path(workdir) if workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -77,6 +77,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+MIN_STD = 1e-6
+"""The least normalisation std a checkpoint may state: below it no pixel statistic is meant,
+and a tiny std (1e-45 underflows float32) turns every input into inf."""
+
+
 def _floats(v: Any, n: int) -> bool:
     return (
         isinstance(v, list)
@@ -166,8 +171,8 @@ class ClassificationTask(Task):
         ),
         "mean": (lambda v, m: _floats(v, m.get("in_chans")), "one finite number per channel"),
         "std": (
-            lambda v, m: _floats(v, m.get("in_chans")) and min(v) > 0,
-            "one positive number per channel",
+            lambda v, m: _floats(v, m.get("in_chans")) and min(v) >= MIN_STD,
+            f"one number >= {MIN_STD} per channel",
         ),
     }
 

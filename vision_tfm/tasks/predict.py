@@ -110,6 +110,21 @@ def write_table(
     atomic_write_text(text, out)
 
 
+def finite_input(x: torch.Tensor, path: str | os.PathLike) -> torch.Tensor:
+    """``x``, the preprocessed input of the file ``path``, when every value is finite.
+
+    One NaN pixel (a depth map's inf next to a huge value, a checkpoint's std that underflows)
+    makes that image's scores NaN without a word; refused here, the file is named and the
+    batch goes on.
+    """
+    bad = int(x.numel() - torch.isfinite(x).sum())
+    if bad:
+        raise DataError(
+            f"{path}: {bad} of {x.numel()} input values are NaN or inf after preprocessing"
+        )
+    return x
+
+
 @dataclass
 class Failed:
     """A file that could not be predicted, and why, in one line."""
@@ -170,8 +185,8 @@ class Classifier:
         return load_image(path, self.in_chans)
 
     def preprocess(self, path: str | os.PathLike) -> torch.Tensor:
-        """The ``(C, H, W)`` float32 input of one file."""
-        return self.transform(self.load(path))
+        """The ``(C, H, W)`` float32 input of one file (refused if not finite)."""
+        return finite_input(self.transform(self.load(path)), path)
 
     @torch.no_grad()
     def probabilities(self, x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from ..distributed import (
     is_main,
     world_size,
 )
+from ..errors import ConfigError
 from ..io import atomic_write_text, check_writable_dir, load_checkpoint
 from ..tasks import Task
 from ..tasks.config import run_hash, save_config
@@ -82,6 +83,11 @@ class Trainer(Checkpoints):
         cfg = self.cfg
         if is_main() and self.resume_path is None:  # a read-only out dir fails before any work
             check_writable_dir(self._run_dir or cfg.run.out_dir, "run.out_dir")
+        if cfg.run.threads > (os.cpu_count() or 1):  # more would only oversubscribe the cores
+            raise ConfigError(
+                f"run.threads must be at most {os.cpu_count() or 1} (the CPU cores here), "
+                f"got {cfg.run.threads}"
+            )
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
-from ..errors import VisionTfmError
+from ..errors import error_line, exit_code
 from ..io import load_checkpoint
 from ..tasks import TASKS, Task
 from ..tasks.config import load_config
@@ -153,15 +153,19 @@ def finetune_overrides(checkpoint: str, recipe: Path) -> dict[str, Any]:
 
 def run_cli(main: Callable[[], Any]) -> None:
     """Run a script's main; expected failures print one line and exit non-zero: 2 for bad
-    input, 3 for a run whose loss went non-finite, 128 + the signal's number for a stop
+    input, 1 for a failed write (:func:`~vision_tfm.errors.exit_code`), 3 for a run whose
+    loss went non-finite, 128 + the signal's number for a stop
     signal (after its checkpoint): 130 for Ctrl-C, 143 for SIGTERM."""
     try:
         main()
     except Interrupted as e:
         sys.exit(128 + e.signum)
-    except VisionTfmError as e:
+    except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(3 if isinstance(e, NonFiniteLossError) else 2)
-    except (OSError, ValueError) as e:  # from a library, on the machine or the input
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(3)
+    except Exception as e:  # ours; a library's, on the machine or the input; a bug re-raised
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(error_line(e), file=sys.stderr)
+        sys.exit(code)

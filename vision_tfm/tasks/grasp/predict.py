@@ -19,7 +19,7 @@ from ...data.grasp import crop_box, crop_resize, load_depth, load_rgb, output_to
 from ...errors import ConfigError, InputError, MissingFileError
 from ...grasp import Grasp, decode_grasps
 from ...io import load_checkpoint
-from ..predict import is_image
+from ..predict import finite_input, is_image
 from .inference import grasp_maps
 from .task import GraspTask
 
@@ -106,7 +106,7 @@ class GraspPredictor:
             raise InputError(f"{image}: view {W}x{H} is smaller than {what}")
         box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
         rgb_c, dep_c = crop_resize(rgb if d.input != "depth" else None, dep, box, d.output_size)
-        x = to_input(rgb_c, dep_c, d.normalise)
+        x = finite_input(to_input(rgb_c, dep_c, d.normalise), depth or image)
         return View(x, box, rgb, Path(depth) if depth is not None else None)
 
     @torch.no_grad()
