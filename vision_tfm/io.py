@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import CheckpointError, RunDirError
+from .errors import CheckpointError, ConfigError, RunDirError
 from .files import atomic_save, atomic_write_text  # noqa: F401  (re-exported: callers' home)
 from .models.convert import check_finite, load_torch_file
 
@@ -56,8 +56,11 @@ def check_fits(
 ) -> None:
     """Check that ``weights`` fit the model ``build`` makes, built on the meta device, so a
     config edited to ask for a huge model is a one-line error, not ``std::bad_alloc``."""
-    with torch.device("meta"):
-        own = build().state_dict()
+    try:
+        with torch.device("meta"):
+            own = build().state_dict()
+    except ConfigError as e:  # e.g. a config edited to ask for more than this machine holds
+        raise CheckpointError(f"{what}: its config does not build ({e})") from None
     for key in sorted(set(own) | set(weights)):
         mine, theirs = own.get(key), weights.get(key)
         if mine is None or theirs is None or tuple(mine.shape) != tuple(theirs.shape):

@@ -350,7 +350,10 @@ def test_config_asking_for_a_huge_model_is_refused_before_allocating(tmp_path) -
     path = _ckpt(tmp_path / "ck.pt")
     ck = torch.load(path, weights_only=True)
     ck["config"]["model"]["kwargs"]["embed_dim"] = 65536  # 51 G parameters if built
-    with raises_naming(CheckpointError, 16, 65536):  # the width saved, the width asked for
+    with raises_naming(CheckpointError, "embed_dim", "GiB"):  # refused from the config alone
+        ClassificationTask.restore(ck)
+    ck["config"]["model"]["kwargs"]["embed_dim"] = 64  # fits in memory, not the weights
+    with raises_naming(CheckpointError, 16, 64):  # the width saved, the width asked for
         ClassificationTask.restore(ck)
 
 
@@ -359,7 +362,7 @@ def test_resume_of_an_edited_config_is_refused_before_building(stopped_run, tmp_
     ck["config"]["model"]["kwargs"]["embed_dim"] = 65536  # what --resume builds the model from
     own = _copy_run(stopped_run, tmp_path / "runs" / "vit_mnist-x")
     torch.save(ck, own / "last.pt")
-    with raises_naming(CheckpointError, own / "last.pt"):
+    with raises_naming(CheckpointError, own / "last.pt", "embed_dim"):
         run(tiny_cfg(tmp_path / "runs", **{"model.kwargs.embed_dim": 65536}), own / "last.pt")
 
 
