@@ -27,20 +27,34 @@ pytestmark = pytest.mark.skipif(machine_memory() is None, reason="no memory figu
 @pytest.mark.parametrize(
     ("kw", "key"),
     [
-        ({"depth": 10**6}, "depth"),
+        ({"depth": 10**6}, ("depth", 1024)),  # narrow enough to fit memory: too many to build
+        ({"depth": 1000, "embed_dim": 8192, "num_heads": 8}, ("depth", "GiB")),
         (
             {"attn_type": "linear", "feature_map": "favor", "favor_features": 10**9},
-            "favor_features",
+            ("favor_features", "GiB"),
         ),
-        ({"img_size": 700000 * 16, "patch_size": 16}, "img_size"),
-        ({"embed_dim": 2**20, "num_heads": 1}, "embed_dim"),
+        ({"img_size": 700000 * 16, "patch_size": 16}, ("img_size", "GiB")),
+        ({"embed_dim": 2**20, "num_heads": 1}, ("embed_dim", "GiB")),
     ],
 )
 def test_huge_model_configs_are_refused_before_building(kw, key) -> None:
     """depth=10**6 used to build a million blocks, even on the meta device."""
     with pytest.raises(ConfigError) as info:
         create_model("vit_test", **kw)  # arithmetic, not a million modules
-    assert_names(str(info.value), key, "GiB")
+    assert_names(str(info.value), *key)
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "key"),
+    [
+        ("swin_test", {"depths": [600, 600], "num_heads": [1, 2]}, "depths"),
+        ("hybrid_test", {"stem_depths": [0, 700, 700]}, "stem_depths"),
+    ],
+)
+def test_block_counts_are_bounded_in_every_family(name, kw, key) -> None:
+    with pytest.raises(ConfigError) as info:
+        create_model(name, **kw)
+    assert_names(str(info.value), key, 1024)
 
 
 @pytest.mark.parametrize("name", [n for n in list_models() if "224" not in n])

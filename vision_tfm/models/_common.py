@@ -60,6 +60,7 @@ def check_model_config(cfg: Any) -> None:
     names = {f.name for f in dataclasses.fields(cfg)}
     base = {k: r for k, r in BASE_RANGES.items() if k in names}
     check_ranges(cfg, {**base, **getattr(kind, "RANGES", {})})  # and its CHOICES
+    check_block_count(cfg)
     check_model_memory(cfg)
     heads = getattr(cfg, "num_heads", None)
     if not isinstance(heads, int):  # per-stage heads: the family checks them (Swin)
@@ -100,6 +101,24 @@ def param_floor(cfg: Any) -> dict[str, float]:
         parts["img_size"] = float(get("img_size", 0) // get("patch_size")) ** 2 * D
     parts["num_classes"] = float(get("num_classes", 0)) * D
     return parts
+
+
+MAX_BLOCKS = 1024
+"""More blocks than any published vision model has by an order of magnitude (ViT-22B: 48).
+Modules are built one by one, even on the meta device, so a config asking for ``10**6``
+narrow blocks would take hours to refuse by memory alone."""
+
+
+def check_block_count(cfg: Any) -> None:
+    """Refuse a config with more than :data:`MAX_BLOCKS` blocks, naming the key."""
+    for key in ("depth", "depths", "stem_depths"):
+        value = getattr(cfg, key, None)
+        total = value if isinstance(value, int) else sum(value or ())
+        if total > MAX_BLOCKS:
+            raise ConfigError(
+                f"{key} asks for {total} blocks in all; at most {MAX_BLOCKS} are built "
+                "(the deepest published vision models have under 100)"
+            )
 
 
 def check_model_memory(cfg: Any) -> None:
