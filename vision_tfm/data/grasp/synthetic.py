@@ -319,7 +319,14 @@ def _grasps_for(
         pts = pts[_inside(pts, part.poly)][:n_candidates]
         if not len(pts):
             continue
+        # half the closing directions at random, half along a random edge's normal (within
+        # the cone): most antipodal pairs of a thin part lie there, and random angles miss them
+        e = np.roll(part.poly, -1, axis=0) - part.poly
+        normal_ang = np.arctan2(-e[:, 0], e[:, 1])
         ang = rng.uniform(0, math.pi, len(pts))
+        half = len(pts) // 2
+        jitter = rng.uniform(-1, 1, half) * math.atan(cfg.friction)
+        ang[:half] = normal_ang[rng.integers(0, len(e), half)] + jitter
         d = np.stack([np.cos(ang), np.sin(ang)], axis=-1)
         t_lo, t_hi, n_lo, n_hi = _chords(part.poly, pts, d)
         good = np.isfinite(t_lo) & np.isfinite(t_hi)
