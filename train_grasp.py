@@ -1,6 +1,6 @@
 """Train a grasp detector (grasp_hybrid_t/s) on generated scenes, Cornell or Jacquard.
 
-python train_grasp.py                      # no data needed: generated RGB-D scenes (synthetic:400)
+python train_grasp.py                      # no data needed: 320 generated RGB-D scenes
 python train_grasp.py --data synthetic:2000 --model grasp_hybrid_s
 python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_s
 python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_s --init PRETRAINED.pt

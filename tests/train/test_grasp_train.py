@@ -164,6 +164,12 @@ def test_no_data_trains_on_generated_views_then_scores_and_seeds_real_ones(
     ckpt = run / "best.pt"
     meta = load_checkpoint(ckpt)["meta"]
     assert meta["split"].startswith("synthetic image-wise") and len(meta["val_ids"]) == 2
+    # a generated view saved as Cornell files is a view vtfm grasp takes
+    from vision_tfm.data.grasp.synthetic import SceneSettings, generate_labelled, save_cornell
+
+    rgb = save_cornell(generate_labelled(0, SceneSettings()), tmp_path / "gen", 0)
+    grasps, img = predict_grasps(ckpt, rgb, rgb.with_name("pcd0000d.tiff"), 2)
+    assert img.shape == (480, 640, 3) and 1 <= len(grasps) <= 2
     # scored zero-shot on a real folder: every view, counted on the line
     lines = _main(monkeypatch, capsys, "--eval-only", "--resume", str(ckpt), "--data", str(FIX))
     assert lines[0] == f"eval-only: every view of {FIX} (it trained on synthetic:10)"

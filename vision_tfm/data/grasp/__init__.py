@@ -3,7 +3,8 @@
 - :mod:`.annotations`: annotation parsers, view discovery, train/val splits and k folds;
 - :mod:`.images`: decoding, depth hole filling and normalisation, crops, augmentation;
 - :mod:`.dataset`: :class:`GraspDataset` (views -> input, maps, rects) and its builder;
-- :mod:`.synthetic`: generated RGB-D tabletop views in Cornell's conventions (no download).
+- :mod:`.synthetic`: generated RGB-D tabletop views in Cornell's conventions (no download;
+  imported on its own, so ``python -m vision_tfm.data.grasp.synthetic`` runs it cleanly).
 """
 
 from .annotations import (
@@ -49,7 +50,6 @@ from .images import (
     standardise,
     to_input,
 )
-from .synthetic import SceneSettings, SyntheticGrasp, generate_view, save_cornell
 
 __all__ = [
     "CROP_MODES",
@@ -65,9 +65,7 @@ __all__ = [
     "GraspDataset",
     "GraspView",
     "JacquardGrasp",
-    "SceneSettings",
     "Split",
-    "SyntheticGrasp",
     "build_grasp_datasets",
     "corners_to_jacquard",
     "crop_box",
@@ -77,7 +75,6 @@ __all__ = [
     "fill_depth_holes",
     "find_cornell_views",
     "find_jacquard_views",
-    "generate_view",
     "grasp_collate",
     "grasp_datasets_from_config",
     "jacquard_to_corners",
@@ -89,7 +86,6 @@ __all__ = [
     "read_cornell_rects",
     "read_jacquard_grasps",
     "resize_area",
-    "save_cornell",
     "split_ids",
     "standardise",
     "to_input",

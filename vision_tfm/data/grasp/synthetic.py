@@ -84,7 +84,7 @@ class SceneSettings:
     max_opening: float = 0.10
     clearance: tuple[float, float] = (0.004, 0.012)
     jaw: tuple[float, float] = (0.02, 0.045)
-    grasps: int = 6
+    grasps: int = 8
     negatives: int = 3
     depth_noise: float = 1.0
     dropout: float = 1.0
