@@ -15,12 +15,12 @@ For each model, on the same image-wise folds and seed as ``train_grasp.py --fold
     python benchmarks/grasp_synthetic_pretrain.py --data ../shared/data/cornell \\
         --models grasp_hybrid_t,grasp_hybrid_s --jobs 2 --out runs/synpre
 
-A reduced run (fewer epochs, one model, no choice) passes overrides to every fine-tuning run
-after the options, e.g. ``--models grasp_hybrid_t --candidates default --pre-epochs 4
---views 1000 sched.epochs=6``. Each run lives in ``--out/<model>/<stage>/``; a finished run is
-read, not trained again, so a stopped benchmark resumes; ``--collect`` only reads. The table
-gives the deployment-crop figure (each run's last line): views right of all, and mean ± std
-over folds.
+A reduced run (fewer epochs, one model, no choice) passes overrides to every run after the
+options (pre-training keeps its own ``data.repeat=1`` and ``--pre-epochs``), e.g. ``--models
+grasp_hybrid_t --candidates default --pre-epochs 6 --views 1000 sched.epochs=10``. Each run
+lives in ``--out/<model>/<stage>/``; a finished run is read, not trained again, so a stopped
+benchmark resumes; ``--collect`` only reads. The table gives the deployment-crop figure (each
+run's last line): views right of all, and mean ± std over folds.
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def main() -> None:
             runner.add(
                 a.out / m / f"pre_{c}",
                 ["--data", f"synthetic:{a.views}", "--model", m, "--out-dir",
-                 str(a.out / m / f"pre_{c}"), f"data.synthetic={settings}", "data.repeat=1",
-                 f"sched.epochs={a.pre_epochs}", f"run.seed={a.seed}", "run.threads=1"],
+                 str(a.out / m / f"pre_{c}"), *common, f"data.synthetic={settings}",
+                 "data.repeat=1", f"sched.epochs={a.pre_epochs}"],
             )  # fmt: skip
     runner.run()
 
@@ -210,7 +210,6 @@ def main() -> None:
                 )  # fmt: skip
     runner.run()
 
-    total = sum(val_sizes)
     print(f"\nimage-wise {a.folds}-fold, deployment crop, seed {a.seed}; extra overrides: "
           f"{' '.join(overrides) or 'none'}\n")  # fmt: skip
     head = " | ".join(f"fold {k + 1}" for k in range(a.folds))
@@ -218,19 +217,27 @@ def main() -> None:
     print("|---" * (a.folds + 5) + "|")
     for m in models:
         pre = f"pre_{choice[m]}"
-        for arm, label in (("scratch", "scratch"), ("init", f"synthetic ({choice[m]})")):
+        arms = [("scratch", "scratch")]
+        if choice[m] != "scratch":
+            arms.append(("init", f"synthetic ({choice[m]})"))
+        else:
+            print(f"{m}: the nested folds chose no pre-training; scratch only")
+        for arm, label in arms:
             accs = [finished(a.out / m / f"{arm}_fold{k + 1}") for k in range(a.folds)]
             accs = [None if r is None else shipped(r) for r in accs]
             cells = " | ".join("-" if x is None else f"{x:.2f}" for x in accs)
             done = [(x, n) for x, n in zip(accs, val_sizes) if x is not None]
             right = sum(round(x * n) for x, n in done)
-            acc = np.array([x for x, _ in done]) if done else np.array([np.nan])
+            if not done:
+                print(f"| {m} | {label} | {cells} | not run | | |")
+                continue
+            acc = np.array([x for x, _ in done])
             zs = ""
-            if arm == "init" and choice[m] != "scratch" and (ck := best_pt(a.out / m / pre)):
+            if arm == "init" and (ck := best_pt(a.out / m / pre)):
                 z = zero_shot(ck, a.data, a.out / m / pre, a.collect)
                 zs = "-" if z is None else f"{z[0]:.2f} ({round(z[0] * z[1])} / {z[1]})"
-            print(f"| {m} | {label} | {cells} | {right} / {sum(n for _, n in done) or total} "
-                  f"| {np.nanmean(acc):.2f} ± {np.nanstd(acc):.2f} | {zs} |")  # fmt: skip
+            print(f"| {m} | {label} | {cells} | {right} / {sum(n for _, n in done)} "
+                  f"| {acc.mean():.2f} ± {acc.std():.2f} | {zs} |")  # fmt: skip
 
 
 if __name__ == "__main__":
