@@ -16,7 +16,9 @@ from vision_tfm.config import apply_overrides
 from vision_tfm.data.grasp import crop_box, output_to_crop
 from vision_tfm.grasp import MAP_KEYS, Grasp, decode_grasps, split_maps
 from vision_tfm.io import load_checkpoint
+from vision_tfm.models.convert import read_state_dict
 from vision_tfm.tasks.grasp import GraspConfig, GraspMaps, GraspTask, predict_grasps
+from vision_tfm.tasks.grasp.task import build_grasp_model
 from vision_tfm.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,8 +126,70 @@ def test_eval_only_on_another_folder_prints_no_schedule_message(trained, tmp_pat
     )
     assert r.returncode == 0, r.stderr[-1500:]
     lines = r.stdout.strip().splitlines()
-    assert "schedule" not in r.stdout and len(lines) == 2, r.stdout
+    assert "schedule" not in r.stdout and len(lines) == 3, r.stdout
+    assert lines[0].startswith(f"eval-only: every view of {root} (it trained on ")
+    assert lines[-1].startswith("grasp acc (all 2 views, top-1): ")  # every view, counted
+
+
+def _main(monkeypatch, capsys, *args):
+    """train_grasp.py's main in this process (no interpreter start-up): its stdout lines."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["train_grasp.py", *args])
+    runpy.run_path(str(ROOT / "train_grasp.py"), run_name="__main__")
+    return capsys.readouterr().out.strip().splitlines()
+
+
+SMALL = [
+    "data.output_size=32",
+    "data.batch_size=2",
+    "sched.epochs=1",
+    "run.plots=false",
+    "model.kwargs.embed_dim=16",
+    "model.kwargs.stem_chs=[4,8,8,16]",
+]
+
+
+def test_no_data_trains_on_generated_views_then_scores_and_seeds_real_ones(
+    tmp_path, monkeypatch, capsys
+):
+    # the embedded default's path (--data synthetic:N: tiny here), the CI smoke test
+    out = tmp_path / "runs"
+    lines = _main(
+        monkeypatch, capsys, "--data", "synthetic:10", "--model", "grasp_hybrid_t",
+        "--out-dir", str(out), "data.repeat=1", *SMALL,
+    )  # fmt: skip
+    assert re.fullmatch(r"grasp acc \(synthetic, image-wise, top-1\): \d\.\d\d", lines[-1])
+    (run,) = out.iterdir()
+    ckpt = run / "best.pt"
+    meta = load_checkpoint(ckpt)["meta"]
+    assert meta["split"].startswith("synthetic image-wise") and len(meta["val_ids"]) == 2
+    # a generated view saved as Cornell files is a view vtfm grasp takes
+    from vision_tfm.data.grasp.synthetic import SceneSettings, generate_labelled, save_cornell
+
+    rgb = save_cornell(generate_labelled(0, SceneSettings()), tmp_path / "gen", 0)
+    grasps, img = predict_grasps(ckpt, rgb, rgb.with_name("pcd0000d.tiff"), 2)
+    assert img.shape == (480, 640, 3) and 1 <= len(grasps) <= 2
+    # scored zero-shot on a real folder: every view, counted on the line
+    lines = _main(monkeypatch, capsys, "--eval-only", "--resume", str(ckpt), "--data", str(FIX))
+    assert lines[0] == f"eval-only: every view of {FIX} (it trained on synthetic:10)"
+    assert re.fullmatch(r"grasp acc \(all 3 views, top-1\): \d\.\d\d", lines[-1])
+    # the same data it trained on keeps the split, and says so
+    lines = _main(monkeypatch, capsys, "--eval-only", "--resume", str(ckpt))
+    assert lines[0].startswith("eval-only: the validation split of synthetic:10")
+    assert lines[-1].startswith("grasp acc (synthetic, image-wise, top-1): ")
+    # --init: a new run on real views that starts from the generated-scene weights
+    lines = _main(
+        monkeypatch, capsys, "--data", str(FIX), "--model", "grasp_hybrid_t", "--init",
+        str(ckpt), "--out-dir", str(tmp_path / "ft"), *SMALL,
+    )  # fmt: skip
     assert lines[-1].startswith("grasp acc (image-wise, top-1): ")
+    (ft,) = (tmp_path / "ft").iterdir()
+    cfg = load_checkpoint(ft / "last.pt")["config"]
+    assert cfg["model"]["pretrained"] == str(ckpt) and cfg["data"]["dataset"] == "cornell"
+    start = build_grasp_model(apply_overrides(GraspConfig(), cfg))  # the weights it began with
+    shipped = read_state_dict(ckpt)  # the EMA weights the run shipped
+    assert all(torch.equal(v, shipped[k]) for k, v in start.state_dict().items())
 
 
 def test_folds_cli_end_to_end(tmp_path):

@@ -2,7 +2,9 @@
 
 - :mod:`.annotations`: annotation parsers, view discovery, train/val splits and k folds;
 - :mod:`.images`: decoding, depth hole filling and normalisation, crops, augmentation;
-- :mod:`.dataset`: :class:`GraspDataset` (views -> input, maps, rects) and its builder.
+- :mod:`.dataset`: :class:`GraspDataset` (views -> input, maps, rects) and its builder;
+- :mod:`.synthetic`: generated RGB-D tabletop views in Cornell's conventions (no download;
+  imported on its own, so ``python -m vision_tfm.data.grasp.synthetic`` runs it cleanly).
 """
 
 from .annotations import (

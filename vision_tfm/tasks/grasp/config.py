@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ...config import (
@@ -15,6 +15,7 @@ from ...config import (
     Range,
 )
 from ...data.grasp import CROP_MODES, IN_CHANS, NORMALISE_MODES
+from ...data.grasp.synthetic import SceneSettings
 from ...grasp import WIDTH_SCALE
 
 MAP_LOSSES = ("smooth_l1", "mse")
@@ -28,8 +29,13 @@ class GraspDataConfig(Checked):
     """Grasp data, input channels, split and augmentation.
 
     Attributes:
-        dataset: "cornell" or "jacquard".
-        root: Dataset folder.
+        dataset: "cornell", "jacquard" or "synthetic" (generated scenes,
+            :mod:`vision_tfm.data.grasp.synthetic`; then ``root`` is ``synthetic:N``).
+        root: Dataset folder, or ``synthetic:N`` for N generated views.
+        synthetic: Generator settings (:class:`~vision_tfm.data.grasp.SceneSettings` fields,
+            e.g. ``{seed: 1, objects: [1, 2]}``) for ``dataset: synthetic``.
+        score_all: Validate on every view of ``root``, no split: scoring a folder the model
+            did not train on (``train_grasp.py --eval-only`` sets it for such a folder).
         input: "rgb", "depth" or "rgbd" (depth last); sets the model's in_chans.
         split: "image" (shuffled) or "object" (consecutive ids), written into every figure.
         train_frac: Share of views used for training (when ``folds`` is 0).
@@ -81,6 +87,8 @@ class GraspDataConfig(Checked):
     width_scale: float = WIDTH_SCALE
     repeat: int = 1
     cache: bool = False
+    synthetic: dict[str, Any] = field(default_factory=dict)
+    score_all: bool = False
 
     SECTION: ClassVar[str] = "data"
     RANGES: ClassVar[dict[str, Range]] = {
@@ -102,7 +110,7 @@ class GraspDataConfig(Checked):
     }
     ORDERED: ClassVar[tuple[str, ...]] = ("zoom",)
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "dataset": ("cornell", "jacquard"),
+        "dataset": ("cornell", "jacquard", "synthetic"),
         "input": tuple(IN_CHANS),
         "split": ("image", "object"),
         "train_crop": CROP_MODES,
@@ -113,6 +121,8 @@ class GraspDataConfig(Checked):
         super().__post_init__()
         if self.folds and not self.fold < self.folds:
             raise ConfigError(f"data.fold must be in [0, {self.folds}), got {self.fold}")
+        if self.synthetic:  # checked where it enters: a typo fails before any data is made
+            SceneSettings.from_dict(self.synthetic)
 
 
 @dataclass

@@ -28,11 +28,15 @@ from ...data.grasp import (
     IN_CHANS,
     RGB_MEAN,
     RGB_STD,
+    CornellGrasp,
     GraspAugment,
     GraspDataset,
+    JacquardGrasp,
     grasp_collate,
-    grasp_datasets_from_config,
 )
+from ...data.grasp.synthetic import SceneSettings, SyntheticGrasp
+from ...data.grasp.synthetic import datasets_from_config as grasp_datasets_from_config
+from ...data.grasp.synthetic import parse_root as parse_synthetic_root
 from ...distributed import all_reduce_sum
 from ...grasp import (
     activate_grasp_maps,
@@ -113,9 +117,13 @@ class GraspTask(Task):
         if d.augment:
             aug_kw = {k: getattr(d, k) for k in AUG_KEYS}
             aug = GraspAugment(rotate=(-d.rotate, d.rotate), seed=seed, **aug_kw)
-        train, val, self.split_name = grasp_datasets_from_config(
-            d, seed, augment=aug, train_crop=d.train_crop, repeat=d.repeat, cache=d.cache
-        )
+        if d.score_all:  # a folder the model did not train on: every view is scored
+            train = val = grasp_all_views(self.cfg)
+            self.split_name = f"all {len(val)} views"
+        else:
+            train, val, self.split_name = grasp_datasets_from_config(
+                d, seed, augment=aug, train_crop=d.train_crop, repeat=d.repeat, cache=d.cache
+            )
         self.val_gt = val.recropped("grasps")
         model = build_grasp_model(self.cfg, pretrained)
         size = (d.output_size,) * 2
@@ -312,6 +320,10 @@ class GraspTask(Task):
         return {"split": self.split_name, "val_ids": list(val.ids)}
 
     def split_label(self) -> str:
+        if self.cfg.data.score_all:
+            return self.split_name  # "all N views": the count is on the result line
+        if self.cfg.data.dataset == "synthetic":
+            return f"synthetic, {self.cfg.data.split}-wise"
         return f"{self.cfg.data.split}-wise"
 
     def fold_line(self, row: dict[str, Any], folds: int) -> str:
@@ -339,6 +351,24 @@ def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -
         return (np.broadcast_to(v, (*v.shape[:2], 3)) * 255).astype(np.uint8)
     rgb = x[:3].permute(1, 2, 0).numpy() * RGB_STD + RGB_MEAN
     return (rgb.clip(0, 1) * 255).astype(np.uint8)
+
+
+def grasp_all_views(cfg: Any, root: str | os.PathLike | None = None) -> GraspDataset:
+    """Every view under ``root`` (or ``cfg.data.root``), preprocessed as validation is."""
+    d = cfg.data
+    root = str(root or d.root)
+    opts = {
+        "input": d.input,
+        "output_size": d.output_size,
+        "crop_size": d.crop_size or None,
+        "normalise": d.normalise,
+        "width_scale": d.width_scale,
+    }
+    if d.dataset == "synthetic":
+        settings = SceneSettings.from_dict(d.synthetic)
+        return SyntheticGrasp(range(parse_synthetic_root(root)), settings, **opts)
+    cls = {"cornell": CornellGrasp, "jacquard": JacquardGrasp}[d.dataset]
+    return cls(root, **opts)
 
 
 def grasp_split(cfg: Any, root: str | os.PathLike, folder: bool = False) -> tuple[Dataset, Dataset]:
