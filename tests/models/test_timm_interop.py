@@ -200,8 +200,8 @@ def saved(tmp_path_factory) -> dict:
 
 
 def test_vit_s_and_swin_t_round_trip_through_plain_timm(saved, tmp_path):
-    """ours -> folder -> timm (no vision_tfm in the process) -> logits within 1e-5 of ours,
-    and the folder back into ours."""
+    """ours -> folder -> timm (no vision_tfm in the process) -> logits within 1e-5 of ours;
+    the folder timm saves again (``save_for_hf``) -> ours, within 1e-5 too."""
     torch.manual_seed(1)
     x = torch.randn(2, 3, 224, 224)
     torch.save(x, tmp_path / "x.pt")
@@ -217,6 +217,7 @@ def test_vit_s_and_swin_t_round_trip_through_plain_timm(saved, tmp_path):
             inp = x if m.pretrained_cfg["input_size"][0] == 3 else x[:, :1, :28, :28]
             with torch.no_grad():
                 result[name] = [type(m).__module__, m(inp).tolist()]
+            timm.models.save_for_hf(m, folder + "-timm", safe_serialization=True)  # timm's own
         """,
         tmp_path,
     )
@@ -229,6 +230,9 @@ def test_vit_s_and_swin_t_round_trip_through_plain_timm(saved, tmp_path):
         back = vt.create_model(f"local-dir:{folder}", pretrained=True).eval()
         assert type(back) is type(ours) and back.model_name == ours.model_name
         assert torch.equal(outputs(back, inp), outputs(ours, inp))
+        again = vt.create_model(f"local-dir:{folder}-timm", pretrained=True).eval()  # timm -> ours
+        assert type(again) is type(ours)
+        assert (outputs(again, inp) - outputs(ours, inp)).abs().max().item() <= 1e-5
 
 
 def test_folders_timm_cannot_build_name_our_registered_architecture(saved):
