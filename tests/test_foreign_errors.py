@@ -143,3 +143,17 @@ def test_export_at_a_huge_img_size_is_refused_before_allocation(tmp_path: Path, 
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "--img-size" in err, err
     assert not (tmp_path / "model.onnx").exists()
+
+
+def test_cli_warnings_are_one_line_without_source() -> None:
+    """Our own data warnings (a skipped rectangle) reach a CLI user as one line each."""
+    import warnings as w
+
+    from vision_tfm.errors import warning_line
+
+    line = warning_line(UserWarning("a.txt: skipped 1 of 3\n rectangles"), UserWarning, "x.py", 3)
+    assert line == "warning: a.txt: skipped 1 of 3 rectangles\n"
+    assert warning_line("old", DeprecationWarning, "x.py", 3, "src") == (
+        "warning: DeprecationWarning: old\n"
+    )
+    assert w.formatwarning is not warning_line  # vtfm's main restores Python's formatter

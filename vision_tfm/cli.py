@@ -9,13 +9,21 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .errors import ConfigError, MissingFileError, OutputExistsError, error_line, exit_code
+from .errors import (
+    ConfigError,
+    MissingFileError,
+    OutputExistsError,
+    error_line,
+    exit_code,
+    warning_line,
+)
 from .io import check_writable_dir
 from .models.convert import check_checkpoint_path
 from .tasks.grasp import draw_grasps
@@ -518,9 +526,10 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    prev = None
+    prev, fmt = None, warnings.formatwarning
     if threading.current_thread() is threading.main_thread():  # signals only work there
         prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    warnings.formatwarning = warning_line  # one line each, as the errors
     try:
         args.fn(args)
     except Exception as e:  # ours; a library's, on bad input or a full disk; a bug re-raised
@@ -530,6 +539,7 @@ def main(argv: list[str] | None = None) -> None:
         print(error_line(e), file=sys.stderr)
         sys.exit(code)
     finally:
+        warnings.formatwarning = fmt
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
 

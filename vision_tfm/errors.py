@@ -27,7 +27,8 @@ __all__ = [
     "UnknownKeyError",
     "UnsafeFileError",
     "VisionTfmError",
-]  # the classes alone (tests/test_errors.py); exit_code and error_line are for the CLIs
+]  # the classes alone (tests/test_errors.py); exit_code, error_line and warning_line
+# are for the CLIs
 
 
 class VisionTfmError(Exception):
@@ -136,3 +137,18 @@ def error_line(e: BaseException) -> str:
     elif not isinstance(e, VisionTfmError) and type(e).__module__ != "builtins":
         text = f"{type(e).__name__}: {text}"  # a library's type says where it came from
     return f"error: {text[:300] or type(e).__name__}"
+
+
+def warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
+    """``warnings.formatwarning`` for the command lines: ``warning: <message>`` on one line.
+    Python's default adds the file, line number and source line that raised it, which
+    tell a user of the CLI nothing about their data."""
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    text = " ".join(str(message).split())
+    return f"warning: {kind}{text}\n"
