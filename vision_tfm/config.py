@@ -351,14 +351,15 @@ def _looks_numeric(raw: str) -> bool:
     return True
 
 
+def plain(v: Any) -> Any:
+    """``v`` with every tuple a list, nested dicts included: what YAML and JSON write."""
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    return v
+
+
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """Plain, YAML-safe dict of a (nested) dataclass; tuples become lists."""
-
-    def conv(v: Any) -> Any:
-        if isinstance(v, (list, tuple)):
-            return [conv(x) for x in v]
-        if isinstance(v, dict):
-            return {k: conv(x) for k, x in v.items()}
-        return v
-
-    return {k: conv(v) for k, v in dataclasses.asdict(cfg).items()}
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}

@@ -27,17 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import config_to_dict
+from ..config import config_to_dict, plain
 from ..errors import OutputExistsError
 from ..files import atomic_write, atomic_write_text
 from ..version import __version__
 from .hub import CONFIG_NAME, WEIGHTS_NAME
 
 _NOT_SAVED = ("architecture", "hf_hub_id", "hf_hub_filename", "url", "file", "source", "tag")
-
-
-def _jsonable(v: Any) -> Any:
-    return [_jsonable(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 def hub_config(model: nn.Module, pretrained_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -49,7 +45,7 @@ def hub_config(model: nn.Module, pretrained_cfg: Mapping[str, Any] | None = None
 
     fields = {f.name for f in dataclasses.fields(PretrainedCfg)}
     cfg = {**model.pretrained_cfg, **(pretrained_cfg or {})}
-    cfg = {k: _jsonable(v) for k, v in cfg.items() if k in fields and k not in _NOT_SAVED}
+    cfg = {k: plain(v) for k, v in cfg.items() if k in fields and k not in _NOT_SAVED}
     cfg = {k: v for k, v in cfg.items() if v is not None}
     ours = {
         "model_name": model.model_name,
@@ -67,7 +63,7 @@ def hub_config(model: nn.Module, pretrained_cfg: Mapping[str, Any] | None = None
         out["global_pool"] = model.global_pool
     if cfg.get("label_names"):
         out["label_names"] = cfg["label_names"]
-    return {**out, "model_args": _jsonable(args), "pretrained_cfg": cfg, "vision_tfm": ours}
+    return {**out, "model_args": plain(args), "pretrained_cfg": cfg, "vision_tfm": ours}
 
 
 def write_folder(

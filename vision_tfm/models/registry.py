@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from ..config import ConfigError, apply_overrides
+from .folder import SOURCES
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def create_model(
 
     The model keeps ``model_name`` and the resolved ``cfg`` so checkpoints can say what they are.
     """
-    if name.partition(":")[0] in ("local-dir", "hf-hub"):  # a saved folder, as in timm
+    if name.partition(":")[0] in SOURCES:  # a saved folder, as in timm
         return _from_folder(
             name, bool(pretrained), checkpoint_path, pretrained_cfg_overlay, features_only,
             out_indices, num_classes=num_classes, in_chans=in_chans, global_pool=global_pool,
