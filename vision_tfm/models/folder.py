@@ -80,7 +80,7 @@ def read_folder(name: str, pretrained: bool) -> SavedModel:
         if not folder.is_dir():
             raise MissingFileError(f"{name}: {folder} is not a folder")
     else:
-        folder = hub_folder(where, name)
+        folder = hub_folder(where, name, weights=pretrained)  # no download it will not use
     config = _read_config(folder / CONFIG_NAME, name)
     model_name, args = _model_args(config)
     weights = folder / WEIGHTS_NAME

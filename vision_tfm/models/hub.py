@@ -139,12 +139,13 @@ def hub_file(repo: str, filenames: Sequence[str], what: str, revision: str | Non
     )
 
 
-def hub_folder(repo: str, what: str) -> Path:
+def hub_folder(repo: str, what: str, weights: bool = True) -> Path:
     """The snapshot folder of hub repo ``repo`` (``org/name[@revision]``) holding its config
-    and weights, from the cache or downloaded there."""
+    (and, with ``weights``, its weights), from the cache or downloaded there."""
     repo, _, revision = repo.partition("@")
     config = hub_file(repo, (CONFIG_NAME,), what, revision or None)
-    hub_file(repo, (WEIGHTS_NAME,), what, revision or None)  # the same snapshot folder
+    if weights:
+        hub_file(repo, (WEIGHTS_NAME,), what, revision or None)  # the same snapshot folder
     return config.parent
 
 

@@ -83,7 +83,7 @@ def _entrypoint(name: str, registered: str) -> Callable[..., nn.Module]:
                     raise ConfigError(f"{registered}: has no {k} (got {kwargs[k]!r})")
                 del kwargs[k]
         tag = cfg if isinstance(cfg, str) else ""
-        weights = None if isinstance(cfg, str) else _folder_weights(cfg)
+        weights = _folder_weights(cfg) if pretrained and not isinstance(cfg, str) else None
         overlay = dict(overlay)
         file = overlay.pop("file", None)  # train.py --pretrained-path: a local weights file
         overlay.pop("num_classes", None)  # its -1 ("adapt the head") is our num_classes rule
