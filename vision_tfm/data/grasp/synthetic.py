@@ -337,14 +337,17 @@ def _grasps_for(
         # the plates, beyond each contact, must touch no part of any object (this one's
         # other parts included: a contact inside the union is no contact)
         perp = np.stack([-d[:, 1], d[:, 0]], axis=-1)
-        free = np.ones(len(pts), bool)
+        probes = []  # 12 points per candidate: 2 plates x 2 depths x 3 across the jaw
         for t, sgn in ((t_hi, 1.0), (t_lo, -1.0)):
             for a in (0.5, 1.0):
                 for b in (-0.5, 0.0, 0.5):
                     tt = np.where(np.isfinite(t), t, 0.0) + sgn * a * clear
-                    q = pts + d * tt[:, None] + perp * (b * jaw)[:, None]
-                    for poly in others:
-                        free &= ~_inside(q, poly)
+                    probes.append(pts + d * tt[:, None] + perp * (b * jaw)[:, None])
+        q = np.concatenate(probes)  # (12 M, 2)
+        hit = np.zeros(len(q), bool)
+        for poly in others:
+            hit |= _inside(q, poly)
+        free = ~hit.reshape(len(probes), len(pts)).any(axis=0)
         ok = good & friction & fits & free
         cos_lo, cos_hi = (-n_lo * d).sum(-1), (n_hi * d).sum(-1)
         rows = [
@@ -479,10 +482,11 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
     floor_rgb = (np.array([95, 80, 65]) * rng.uniform(0.6, 1.3)).astype(np.float32)
     low = rng.normal(0, 1, (6, 8)).astype(np.float32)  # slow lighting variation
     light = 1 + 0.08 * cv2.resize(low, (W, H), interpolation=cv2.INTER_CUBIC)
-    rgb = np.where(on_table[..., None], table_rgb, floor_rgb)
+    # colour is planar (3, H, W) until the end: per-pixel factors broadcast over whole rows
+    rgb = np.where(on_table, table_rgb[:, None, None], floor_rgb[:, None, None])
     if kind == 1:  # wood grain along the table's X
         xs = ((cols - cam.cx) / cam.f * z_table).astype(np.float32)
-        rgb += (8 * np.sin(xs * np.float32(rng.uniform(150, 400))))[..., None]
+        rgb += 8 * np.sin(xs * np.float32(rng.uniform(150, 400)))
     # --- shadows: each part's footprint swept along the light's direction
     sun = rng.uniform(0, 2 * math.pi)
     sweep = np.array([math.cos(sun), math.sin(sun)]) * rng.uniform(0.2, 0.8)
@@ -493,7 +497,7 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
             px = cam.project(hull[:, 0].astype(np.float64), 0.0)
             cv2.fillConvexPoly(shadow, np.round(px * 4).astype(np.int32), 255, cv2.LINE_8, 2)
     shadow = cv2.GaussianBlur(shadow, (0, 0), 2.5).astype(np.float32) / 255
-    rgb *= (light * (1 - rng.uniform(0.3, 0.5) * shadow * on_table))[..., None]
+    rgb *= light * (1 - rng.uniform(0.3, 0.5) * shadow * on_table)
     # --- objects: z-buffered prisms, top face lit, walls darker
     labels = np.zeros((H, W), np.uint8)
     for k, parts in enumerate(objects, start=1):
@@ -533,16 +537,16 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
                 shade = np.where(topm, rng.uniform(0.9, 1.0), rng.uniform(0.55, 0.75))
             win = depth[y0:y1, x0:x1]
             draw = sil & (z < win)
-            col = colour * (shade * light[y0:y1, x0:x1])[..., None]
+            col = colour[:, None, None] * (shade * light[y0:y1, x0:x1])
             if stripes:
                 t = (u * math.cos(phase) + v * math.sin(phase)) / (period * cam.f)
-                col = col * (0.8 + 0.2 * (np.sin(t * 2 * math.pi) > 0))[..., None]
+                col = col * (0.8 + 0.2 * (np.sin(t * 2 * math.pi) > 0))
             win[draw] = z[draw]
-            rgb[y0:y1, x0:x1][draw] = np.broadcast_to(col, (*shape, 3))[draw]
+            rgb[:, y0:y1, x0:x1][:, draw] = np.broadcast_to(col, (3, *shape))[:, draw]
             labels[y0:y1, x0:x1][draw] = k
     normal, uniform = _noise(rng, H, W)
-    rgb += (normal[::-1, ::-1] * np.float32(2.5))[..., None]  # reversed: not the depth's noise
-    rgb_u8 = np.clip(rgb, 0, 255).astype(np.uint8)
+    rgb += np.ascontiguousarray(normal[::-1, ::-1]) * np.float32(2.5)  # not the depth's noise
+    rgb_u8 = cv2.merge(list(np.clip(rgb, 0, 255, out=rgb).astype(np.uint8)))  # (H, W, 3)
     # --- the depth sensor: noise ~ z^2, disparity quantisation, missing pixels
     clean = depth
     z2 = clean * clean
@@ -558,9 +562,12 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
         )
         edge = cv2.dilate(((gx + gy) > 0.008).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
         lum = cv2.cvtColor(rgb_u8, cv2.COLOR_RGB2GRAY)
-        p_miss = np.float32(cfg.dropout) * (
-            np.float32(0.5) * edge + np.float32(0.35) * (lum < 55) + np.float32(0.002)
+        # four cases (edge, dark): look the chance up instead of computing it per pixel
+        e, k = np.array([0, 0, 1, 1], np.float32), np.array([0, 1, 0, 1], np.float32)
+        chance = np.float32(cfg.dropout) * (
+            np.float32(0.5) * e + np.float32(0.35) * k + np.float32(0.002)
         )
+        p_miss = chance[(edge.view(np.uint8) << 1) | (lum < 55).view(np.uint8)]
         z[uniform < p_miss] = np.nan
     # --- labels from the geometry, kept where they can be seen
     params, cuts, owner, neg_params, metres = [], [], [], [], []
