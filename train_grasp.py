@@ -16,18 +16,12 @@ from vision_tfm.data.grasp.synthetic import is_synthetic_root
 from vision_tfm.errors import ConfigError
 from vision_tfm.io import load_checkpoint
 from vision_tfm.tasks import GraspConfig, GraspTask
+from vision_tfm.tasks.grasp.task import dataset_of
 from vision_tfm.train import Trainer, cross_validate
 from vision_tfm.train.launch import base_parser, resolve_config, run_cli
 
 CONFIGS = Path(__file__).resolve().parent / "configs" / "grasp"
 DEFAULT = CONFIGS / "synthetic.yaml"  # the embedded default: no --data, no recipe
-
-
-def _dataset_of(root: str) -> str:
-    """The dataset a --data value names: generated scenes, or a folder's layout."""
-    if is_synthetic_root(root):
-        return "synthetic"
-    return "jacquard" if next(Path(root).rglob("*_RGB.png"), None) is not None else "cornell"
 
 
 def _same_data(a: str, b: str) -> bool:
@@ -55,7 +49,7 @@ def main() -> None:
     extra = {}
     if args.data:
         extra["data.root"] = args.data
-        extra["data.dataset"] = args.dataset or _dataset_of(args.data)
+        extra["data.dataset"] = args.dataset or dataset_of(args.data)
     elif not args.resume and not args.config:  # the embedded default: generated scenes
         if args.model:  # a recipe's settings on the default number of generated views
             extra.update({"data.root": "synthetic", "data.dataset": "synthetic"})

@@ -12,8 +12,9 @@ Run it on inner (nested) folds when choosing a change, never on the folds being 
 
 ``--all-views`` scores every view of ``--data`` instead of the run's val split: on a fold's
 training folder (``grasp_nested_split.py``) it says how well the model fits the views it
-learned from. ``--width-fit`` adds, over every ground-truth rectangle, the opening the model
-reads at the rectangle's centre against the true one, by opening size.
+learned from; for a model pre-trained on generated scenes, it gives the zero-shot figure.
+``--width-fit`` adds, over every ground-truth rectangle, the opening the model reads at the
+rectangle's centre against the true one, by opening size.
 
     python benchmarks/grasp_failures.py runs/grasp/<fold1>/last.pt --data runs/inner/f0 \
         --all-views --width-fit
@@ -49,6 +50,7 @@ from vision_tfm.grasp import (
     grasp_correct,
     split_maps,
 )
+from vision_tfm.tasks.grasp.task import grasp_all_views
 
 OPENING_OFF = 1.4  # an opening this many times too large (or small) counts as wrong
 OPENING_BINS = (0, 12, 20, 30, 45, math.inf)  # ground-truth opening, map pixels
@@ -70,13 +72,16 @@ class Scored:
 
 
 def score(checkpoint: str, data: str | None, all_views: bool = False) -> Scored:
-    """Run one checkpoint on its val split, or on every view of ``data``, with the
-    deployment preprocessing its config names."""
-    src = load_source(checkpoint, data_root=data)
-    if all_views:  # one view trains, the rest validate: the split's floor on train_frac
-        d = dataclasses.replace(src.cfg.data, folds=0, train_frac=1e-9)
-        src.cfg = dataclasses.replace(src.cfg, data=d)
-    val = src.datasets()[1]
+    """Run one checkpoint on its val split, or on every view of ``data``, as it is deployed:
+    the preprocessing its config names, in fp32. (A run validates under its own precision,
+    bf16 autocast on a CPU with native bf16, so a view near the metric's thresholds can score
+    differently in its log.)"""
+    if all_views:  # every view, in the folder's own layout (generated scenes -> Cornell)
+        src = load_source(checkpoint)
+        val = grasp_all_views(src.cfg, data or src.task.data_root())
+    else:
+        src = load_source(checkpoint, data_root=data)
+        val = src.datasets()[1]
     scored = Scored(
         checkpoint=checkpoint,
         views=[],

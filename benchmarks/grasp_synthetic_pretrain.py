@@ -20,7 +20,9 @@ options (pre-training keeps its own ``data.repeat=1`` and ``--pre-epochs``), e.g
 grasp_hybrid_t --candidates default --pre-epochs 6 --views 1000 sched.epochs=10``. Each run
 lives in ``--out/<model>/<stage>/``; a finished run is read, not trained again, so a stopped
 benchmark resumes; ``--collect`` only reads. The table gives the deployment-crop figure (each
-run's last line): views right of all, and mean ± std over folds.
+run's last line): views right of all, and mean ± std over folds. ``--per-view`` then scores
+each run's last weights view by view: which views pre-training turns, which both starts miss,
+and how (``grasp_failures.py``'s kinds: wrong place, angle, opening, or overlap short).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +118,65 @@ def zero_shot(ckpt: Path, data: str, out: Path, collect: bool) -> tuple[float, i
     return z["acc"], z["views"]
 
 
+def last_pt(run_dir: Path) -> Path | None:
+    """The weights behind a finished run's last line (its shipped EMA at the last epoch)."""
+    found = sorted(run_dir.glob("*/last.pt"))
+    return found[-1] if found and finished(run_dir) else None
+
+
+def per_view(out: Path, data: str, folds: int, pre: Path | None) -> None:
+    """Which real views each start gets right, and how the misses miss: scratch and
+    pre-trained on each view's own outer fold, and zero-shot. Prints the views any start
+    misses and a tally, and writes ``per_view.csv`` beside the runs."""
+    from grasp_failures import failures, score  # a sibling script: benchmarks/ is on sys.path
+
+    rows: dict[str, dict] = {}
+    for arm in ("scratch", "init"):
+        for k in range(folds):
+            ck = last_pt(out / f"{arm}_fold{k + 1}")
+            if ck is None:
+                continue
+            scored = score(str(ck), data)
+            kinds = {f["view"]: f["kind"] for f in failures(scored)}
+            for view, ok in zip(scored.views, scored.right):
+                rows.setdefault(view, {"view": view, "fold": k + 1})[arm] = int(ok)
+                rows[view][f"{arm}_miss"] = kinds.get(view, "")
+    if pre is not None:
+        scored = score(str(pre), data, all_views=True)
+        kinds = {f["view"]: f["kind"] for f in failures(scored)}
+        for view, ok in zip(scored.views, scored.right):
+            rows.setdefault(view, {"view": view, "fold": 0})["zero_shot"] = int(ok)
+            rows[view]["zero_shot_miss"] = kinds.get(view, "")
+    table = sorted(rows.values(), key=lambda r: r["view"])
+    keys = ["view", "fold", "scratch", "init", "zero_shot",
+            "scratch_miss", "init_miss", "zero_shot_miss"]  # fmt: skip
+    with (out / "per_view.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, keys, restval="")
+        w.writeheader()
+        w.writerows(table)
+    mark = {1: "right", 0: "**miss**", None: "-"}
+    print(f"\n{out.name}: the views a start misses (per_view.csv has all {len(table)})\n")
+    print("| view | fold | scratch | pre-trained | zero-shot | how the pre-trained one misses |")
+    print("|---|---|---|---|---|---|")
+    for r in table:
+        got = [r.get(a) for a in ("scratch", "init", "zero_shot")]
+        if 0 in got:
+            print(f"| {r['view']} | {r['fold']} | " + " | ".join(mark[g] for g in got)
+                  + f" | {r.get('init_miss', '')} |")  # fmt: skip
+    totals = {a: [r[a] for r in table if a in r] for a in ("scratch", "init", "zero_shot")}
+    print("\nscored as deployed (fp32; each run's own line is under its run.precision): "
+          + ", ".join(f"{a} {sum(v)} / {len(v)}" for a, v in totals.items() if v))  # fmt: skip
+    both = [r for r in table if "init" in r and "scratch" in r]
+    turned = sum(r["scratch"] == 0 and r["init"] == 1 for r in both)
+    lost = sum(r["scratch"] == 1 and r["init"] == 0 for r in both)
+    hard = [r for r in both if r["scratch"] == 0 and r["init"] == 0]
+    kinds = Counter(r["init_miss"] for r in both if r["init"] == 0)
+    print(f"pre-training turned {turned} views right and {lost} wrong; both starts miss "
+          f"{len(hard)} ({', '.join(r['view'] for r in hard) or 'none'}), of which zero-shot "
+          f"gets {sum(r.get('zero_shot') == 1 for r in hard)}; the pre-trained misses: "
+          + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"))  # fmt: skip
+
+
 def nested_folder(data: str, out: Path, folds: int, seed: int) -> tuple[Path, list[int]]:
     """Outer fold 1's training views, linked into a folder of their own; and each outer fold's
     validation size (for views right)."""
@@ -146,6 +208,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--out", type=Path, default=Path("runs/synpre"))
     p.add_argument("--collect", action="store_true", help="read finished runs, train nothing")
+    p.add_argument("--per-view", action="store_true", help="which views each start misses, and how")
     a, overrides = p.parse_known_args()
     models, cands = a.models.split(","), a.candidates.split(",")
     unknown = [c for c in cands if c not in CANDIDATES]
@@ -238,6 +301,11 @@ def main() -> None:
                 zs = "-" if z is None else f"{z[0]:.2f} ({round(z[0] * z[1])} / {z[1]})"
             print(f"| {m} | {label} | {cells} | {right} / {sum(n for _, n in done)} "
                   f"| {acc.mean():.2f} ± {acc.std():.2f} | {zs} |")  # fmt: skip
+
+    if a.per_view:
+        for m in models:
+            pre = None if choice[m] == "scratch" else best_pt(a.out / m / f"pre_{choice[m]}")
+            per_view(a.out / m, a.data, a.folds, pre)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ import torch
 from conftest import assert_names, raises_naming
 
 from vision_tfm.config import apply_overrides
-from vision_tfm.data.grasp import crop_box, output_to_crop
+from vision_tfm.data.grasp import CornellGrasp, crop_box, output_to_crop
 from vision_tfm.grasp import MAP_KEYS, Grasp, decode_grasps, split_maps
 from vision_tfm.io import load_checkpoint
 from vision_tfm.models.convert import read_state_dict
 from vision_tfm.tasks.grasp import GraspConfig, GraspMaps, GraspTask, predict_grasps
-from vision_tfm.tasks.grasp.task import build_grasp_model
+from vision_tfm.tasks.grasp.task import build_grasp_model, grasp_all_views
 from vision_tfm.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,6 +174,13 @@ def test_no_data_trains_on_generated_views_then_scores_and_seeds_real_ones(
     lines = _main(monkeypatch, capsys, "--eval-only", "--resume", str(ckpt), "--data", str(FIX))
     assert lines[0] == f"eval-only: every view of {FIX} (it trained on synthetic:10)"
     assert re.fullmatch(r"grasp acc \(all 3 views, top-1\): \d\.\d\d", lines[-1])
+    # the same views from Python (benchmarks/grasp_failures.py --all-views): the folder is
+    # read as Cornell although the checkpoint's config names generated scenes
+    syn_cfg = apply_overrides(GraspConfig(), load_checkpoint(ckpt)["config"])
+    assert syn_cfg.data.dataset == "synthetic"
+    views = grasp_all_views(syn_cfg, FIX)
+    assert isinstance(views, CornellGrasp) and len(views) == 3
+    assert views[0][0].shape == (4, syn_cfg.data.output_size, syn_cfg.data.output_size)
     # the same data it trained on keeps the split, and says so
     lines = _main(monkeypatch, capsys, "--eval-only", "--resume", str(ckpt))
     assert lines[0].startswith("eval-only: the validation split of synthetic:10")

@@ -34,7 +34,7 @@ from ...data.grasp import (
     JacquardGrasp,
     grasp_collate,
 )
-from ...data.grasp.synthetic import SceneSettings, SyntheticGrasp
+from ...data.grasp.synthetic import SceneSettings, SyntheticGrasp, is_synthetic_root
 from ...data.grasp.synthetic import datasets_from_config as grasp_datasets_from_config
 from ...data.grasp.synthetic import parse_root as parse_synthetic_root
 from ...distributed import all_reduce_sum
@@ -353,9 +353,20 @@ def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -
     return (rgb.clip(0, 1) * 255).astype(np.uint8)
 
 
+def dataset_of(root: str | os.PathLike) -> str:
+    """The dataset a ``--data`` value names: generated scenes, or a folder's layout."""
+    if is_synthetic_root(str(root)):
+        return "synthetic"
+    return "jacquard" if next(Path(root).rglob("*_RGB.png"), None) is not None else "cornell"
+
+
 def grasp_all_views(cfg: Any, root: str | os.PathLike | None = None) -> GraspDataset:
-    """Every view under ``root`` (or ``cfg.data.root``), preprocessed as validation is."""
+    """Every view under ``root`` (or ``cfg.data.root``), preprocessed as validation is; a
+    ``root`` other than the config's is read in its own layout (a model pre-trained on
+    generated scenes scored on a Cornell folder)."""
     d = cfg.data
+    if root is not None and str(root) != str(d.root):
+        d = replace(d, dataset=dataset_of(root))
     root = str(root or d.root)
     opts = {
         "input": d.input,
