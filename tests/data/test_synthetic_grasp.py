@@ -15,13 +15,13 @@ from vision_tfm.data.grasp.synthetic import (
     FAMILIES,
     SceneSettings,
     SyntheticGrasp,
-    _chords,
     generate_labelled,
     generate_view,
     parse_root,
     save_cornell,
     synthetic_datasets,
 )
+from vision_tfm.data.grasp.synthetic.scene import _chords
 from vision_tfm.grasp import batch_grasp_correct, corners_to_params, encode_grasp_maps
 
 CFG = SceneSettings()
