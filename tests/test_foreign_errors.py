@@ -61,7 +61,7 @@ def test_a_librarys_real_error_is_one_line_with_exit_2(
     def boom(*args) -> None:
         raise error
 
-    monkeypatch.setattr(cli, "cmd_predict", boom)
+    monkeypatch.setattr(cli.predict, "cmd_predict", boom)
     with pytest.raises(SystemExit) as e:
         if entry == "vtfm":
             cli.main(["predict", "x.png", "--checkpoint", "c.pt"])

@@ -1,0 +1,5 @@
+"""``python -m vision_tfm.cli``: the ``vtfm`` command."""
+
+from . import main
+
+main()
