@@ -1,26 +1,23 @@
 """Cornell and Jacquard grasp data: annotations and splits, images and augmentation, the Dataset.
 
-- :mod:`.annotations`: annotation parsers, view discovery, train/val splits and k folds;
+- :mod:`.annotations`: annotation parsers and view discovery;
+- :mod:`.splits`: train/val splits and k folds, image- or object-wise;
 - :mod:`.images`: decoding, depth hole filling and normalisation, crops, augmentation;
 - :mod:`.dataset`: :class:`GraspDataset` (views -> input, maps, rects) and its builder;
 - :mod:`.synthetic`: generated RGB-D tabletop views in Cornell's conventions (no download;
-  imported on its own, so ``python -m vision_tfm.data.grasp.synthetic`` runs it cleanly).
+  ``python -m vision_tfm.data.grasp.synthetic OUT`` writes them as Cornell files).
 """
 
 from .annotations import (
     MAX_COORD,
     GraspDataError,
     GraspView,
-    Split,
     corners_to_jacquard,
-    fewer_train_views,
     find_cornell_views,
     find_jacquard_views,
     jacquard_to_corners,
-    kfold_splits,
     read_cornell_rects,
     read_jacquard_grasps,
-    split_ids,
 )
 from .dataset import (
     CROP_MODES,
@@ -51,6 +48,7 @@ from .images import (
     standardise,
     to_input,
 )
+from .splits import Split, fewer_train_views, kfold_splits, split_ids
 
 __all__ = [
     "CROP_MODES",

@@ -25,11 +25,8 @@ from vision_tfm.grasp.maps import MAP_KEYS, WIDTH_SCALE, encode_grasp_maps
 from .annotations import (
     GraspDataError,
     GraspView,
-    fewer_train_views,
     find_cornell_views,
     find_jacquard_views,
-    kfold_splits,
-    split_ids,
 )
 from .images import (
     GraspAugment,
@@ -40,6 +37,7 @@ from .images import (
     load_rgb,
     to_input,
 )
+from .splits import fewer_train_views, kfold_splits, split_ids
 
 InputMode = Literal["rgb", "depth", "rgbd"]
 IN_CHANS = {"rgb": 3, "depth": 1, "rgbd": 4}  # input tensor channels per mode (depth last)

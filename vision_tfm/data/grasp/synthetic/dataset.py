@@ -14,9 +14,10 @@ from PIL import Image
 from vision_tfm.errors import ConfigError
 from vision_tfm.files import atomic_write
 
-from ..annotations import GraspView, kfold_splits, split_ids
+from ..annotations import GraspView
 from ..dataset import GraspDataset, _options, grasp_datasets_from_config
 from ..images import GraspAugment, crop_box, crop_resize, crop_to_output
+from ..splits import kfold_splits, split_ids
 from .render import generate_labelled
 from .scene import SceneSettings, SyntheticView
 
