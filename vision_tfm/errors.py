@@ -8,8 +8,12 @@ so code that catches those keeps working, and the CLI catches :class:`VisionTfmE
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import pickle
+import sys
+import warnings
+from collections.abc import Iterator
 
 __all__ = [
     "CheckpointError",
@@ -152,3 +156,21 @@ def warning_line(
     kind = "" if category is UserWarning else f"{category.__name__}: "
     text = " ".join(str(message).split())
     return f"warning: {kind}{text}\n"
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """What a command line runs under: an expected failure (:func:`exit_code`) prints
+    :func:`error_line` on stderr and exits with its code, a bug's traceback shows, and
+    warnings print as :func:`warning_line` meanwhile."""
+    fmt, warnings.formatwarning = warnings.formatwarning, warning_line
+    try:
+        yield
+    except Exception as e:  # ours; a library's, on bad input or a full disk; a bug re-raised
+        code = exit_code(e)
+        if code is None:
+            raise
+        print(error_line(e), file=sys.stderr)
+        sys.exit(code)
+    finally:
+        warnings.formatwarning = fmt

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
-import warnings
 
-from ..errors import error_line, exit_code, warning_line
+from ..errors import one_line_errors
 from ..version import __version__
 from . import deploy, predict
 
@@ -39,19 +37,12 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    prev, fmt = None, warnings.formatwarning
+    prev = None
     if threading.current_thread() is threading.main_thread():  # signals only work there
         prev = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    warnings.formatwarning = warning_line  # one line each, as the errors
     try:
-        args.fn(args)
-    except Exception as e:  # ours; a library's, on bad input or a full disk; a bug re-raised
-        code = exit_code(e)
-        if code is None:
-            raise
-        print(error_line(e), file=sys.stderr)
-        sys.exit(code)
+        with one_line_errors():
+            args.fn(args)
     finally:
-        warnings.formatwarning = fmt
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,7 +11,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ..config import ConfigError, apply_overrides, parse_cli_overrides
-from ..errors import error_line, exit_code, warning_line
+from ..errors import one_line_errors
 from ..io import load_checkpoint
 from ..tasks import TASKS, Task
 from ..tasks.config import load_config
@@ -157,19 +156,11 @@ def run_cli(main: Callable[[], Any]) -> None:
     input, 1 for a failed write (:func:`~vision_tfm.errors.exit_code`), 3 for a run whose
     loss went non-finite, 128 + the signal's number for a stop
     signal (after its checkpoint): 130 for Ctrl-C, 143 for SIGTERM."""
-    fmt, warnings.formatwarning = warnings.formatwarning, warning_line  # one line each
-    try:
-        main()
-    except Interrupted as e:
-        sys.exit(128 + e.signum)
-    except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
-    except Exception as e:  # ours; a library's, on the machine or the input; a bug re-raised
-        code = exit_code(e)
-        if code is None:
-            raise
-        print(error_line(e), file=sys.stderr)
-        sys.exit(code)
-    finally:
-        warnings.formatwarning = fmt
+    with one_line_errors():
+        try:
+            main()
+        except Interrupted as e:
+            sys.exit(128 + e.signum)
+        except NonFiniteLossError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(3)
