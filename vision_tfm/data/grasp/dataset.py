@@ -301,19 +301,28 @@ def grasp_datasets_from_config(
     return build_grasp_datasets(
         d.dataset,
         root or d.root,
-        split=d.split,
-        train_frac=d.train_frac,
-        seed=seed,
-        folds=d.folds,
-        fold=d.fold,
         train_views=d.train_views,
-        input=d.input,
-        output_size=d.output_size,
-        crop_size=d.crop_size or None,
-        normalise=d.normalise,
-        width_scale=d.width_scale,
+        **split_options(d, seed),
+        **view_options(d),
         **{"augment": False, **train_options},
     )
+
+
+def split_options(d: Any, seed: int) -> dict[str, Any]:
+    """How a run's ``data`` section cuts its views (the split, its seed and the fold)."""
+    return {"split": d.split, "train_frac": d.train_frac, "seed": seed, "folds": d.folds,
+            "fold": d.fold}  # fmt: skip
+
+
+def view_options(d: Any) -> dict[str, Any]:
+    """How a run's ``data`` section turns a view into the model's input (every loader's)."""
+    return {
+        "input": d.input,
+        "output_size": d.output_size,
+        "crop_size": d.crop_size or None,
+        "normalise": d.normalise,
+        "width_scale": d.width_scale,
+    }
 
 
 def _options(ds: GraspDataset) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from ...data.grasp import (
     JacquardGrasp,
     grasp_collate,
 )
+from ...data.grasp.dataset import view_options
 from ...data.grasp.synthetic import SceneSettings, SyntheticGrasp, is_synthetic_root
 from ...data.grasp.synthetic import datasets_from_config as grasp_datasets_from_config
 from ...data.grasp.synthetic import parse_root as parse_synthetic_root
@@ -368,13 +369,7 @@ def grasp_all_views(cfg: Any, root: str | os.PathLike | None = None) -> GraspDat
     if root is not None and str(root) != str(d.root):
         d = replace(d, dataset=dataset_of(root))
     root = str(root or d.root)
-    opts = {
-        "input": d.input,
-        "output_size": d.output_size,
-        "crop_size": d.crop_size or None,
-        "normalise": d.normalise,
-        "width_scale": d.width_scale,
-    }
+    opts = view_options(d)
     if d.dataset == "synthetic":
         settings = SceneSettings.from_dict(d.synthetic)
         return SyntheticGrasp(range(parse_synthetic_root(root)), settings, **opts)

@@ -15,7 +15,13 @@ from vision_tfm.errors import ConfigError
 from vision_tfm.files import atomic_write
 
 from ..annotations import GraspView
-from ..dataset import GraspDataset, _options, grasp_datasets_from_config
+from ..dataset import (
+    GraspDataset,
+    _options,
+    grasp_datasets_from_config,
+    split_options,
+    view_options,
+)
 from ..images import GraspAugment, crop_box, crop_resize, crop_to_output
 from ..splits import kfold_splits, split_ids
 from .render import generate_labelled
@@ -150,15 +156,7 @@ def datasets_from_config(
     return synthetic_datasets(
         str(root or d.root),
         settings=SceneSettings.from_dict(d.synthetic),
-        split=d.split,
-        train_frac=d.train_frac,
-        seed=seed,
-        folds=d.folds,
-        fold=d.fold,
-        input=d.input,
-        output_size=d.output_size,
-        crop_size=d.crop_size or None,
-        normalise=d.normalise,
-        width_scale=d.width_scale,
+        **split_options(d, seed),
+        **view_options(d),
         **{"augment": False, **train_options},
     )
