@@ -172,9 +172,14 @@ def per_view(out: Path, data: str, folds: int, pre: Path | None) -> None:
     hard = [r for r in both if r["scratch"] == 0 and r["init"] == 0]
     kinds = Counter(r["init_miss"] for r in both if r["init"] == 0)
     print(f"pre-training turned {turned} views right and {lost} wrong; both starts miss "
-          f"{len(hard)} ({', '.join(r['view'] for r in hard) or 'none'}), of which zero-shot "
+          f"{len(hard)} ({_names([r['view'] for r in hard])}), of which zero-shot "
           f"gets {sum(r.get('zero_shot') == 1 for r in hard)}; the pre-trained misses: "
           + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"))  # fmt: skip
+
+
+def _names(views: list[str], most: int = 12) -> str:
+    more = f" and {len(views) - most} more" if len(views) > most else ""
+    return ", ".join(views[:most]) + more if views else "none"
 
 
 def nested_folder(data: str, out: Path, folds: int, seed: int) -> tuple[Path, list[int]]:
