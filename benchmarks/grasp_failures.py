@@ -50,7 +50,9 @@ from vision_tfm.grasp import (
     grasp_correct,
     split_maps,
 )
+from vision_tfm.tasks.grasp import display_image, draw_overlay
 from vision_tfm.tasks.grasp.task import grasp_all_views
+from vision_tfm.viz import pyplot
 
 OPENING_OFF = 1.4  # an opening this many times too large (or small) counts as wrong
 OPENING_BINS = (0, 12, 20, 30, 45, math.inf)  # ground-truth opening, map pixels
@@ -69,6 +71,7 @@ class Scored:
     width_scale: float
     top: list[list] = dataclasses.field(default_factory=list)  # per view, at most one grasp
     right: list[bool] = dataclasses.field(default_factory=list)  # per view, rectangle metric
+    images: list[np.ndarray] = dataclasses.field(default_factory=list)  # per view, as shown
 
 
 def score(checkpoint: str, data: str | None, all_views: bool = False) -> Scored:
@@ -98,7 +101,35 @@ def score(checkpoint: str, data: str | None, all_views: bool = False) -> Scored:
         scored.rects.append(rects)
         scored.top.append(top_grasps(scored.maps[-1], scored.decode))
         scored.right.append(grasp_correct(scored.top[-1], rects))
+        scored.images.append(display_image(x, src.cfg.data.input, src.cfg.data.normalise))
     return scored
+
+
+def picture(runs: list[Scored], views: list[str], path: str, cols: int = 4) -> None:
+    """The ``views`` as the model saw them (the deployment crop), each with its labelled
+    rectangles and the top grasp of the first run that scored it: what a miss looks like."""
+    plt = pyplot()
+    where = {}
+    for scored in runs:
+        for i, view in enumerate(scored.views):
+            where.setdefault(view, (scored, i))
+    views = [v for v in views if v in where]
+    if not views:
+        return
+    rows = math.ceil(len(views) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3.2 * rows), squeeze=False)
+    handles = []
+    for ax, view in itertools.zip_longest(axes.flat, views):
+        if view is None:
+            ax.axis("off")
+            continue
+        scored, i = where[view]
+        handles = draw_overlay(ax, scored.images[i], scored.top[i], scored.rects[i])
+        ax.set_title(f"{view}: {'right' if scored.right[i] else 'miss'}", fontsize=9)
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 def top_grasps(maps: torch.Tensor, decode: dict) -> list:
@@ -218,6 +249,7 @@ def main() -> None:
     p.add_argument("--width-fit", action="store_true", help="read / true opening by size")
     p.add_argument("--per-view", action="store_true", help="how many runs get each view right")
     p.add_argument("--ensemble", action="store_true", help="map-averaged runs per val split")
+    p.add_argument("--picture", help="PNG of the missed views (at most 12): labels, top grasp")
     args = p.parse_args()
     torch.set_num_threads(1)
     tally: Counter[str] = Counter()
@@ -247,6 +279,10 @@ def main() -> None:
         print_per_view(runs)
     if args.ensemble:
         print_ensembles(runs)
+    if args.picture:
+        missed = [v for r in runs for v, ok in zip(r.views, r.right) if not ok]
+        picture(runs, list(dict.fromkeys(missed))[:12], args.picture)
+        print(f"wrote {args.picture}")
 
 
 if __name__ == "__main__":

@@ -127,16 +127,20 @@ def last_pt(run_dir: Path) -> Path | None:
 def per_view(out: Path, data: str, folds: int, pre: Path | None) -> None:
     """Which real views each start gets right, and how the misses miss: scratch and
     pre-trained on each view's own outer fold, and zero-shot. Prints the views any start
-    misses and a tally, and writes ``per_view.csv`` beside the runs."""
-    from grasp_failures import failures, score  # a sibling script: benchmarks/ is on sys.path
+    misses and a tally, and writes ``per_view.csv`` and ``per_view_misses.png`` (the views
+    both starts miss, with the pre-trained model's top grasp) beside the runs."""
+    from grasp_failures import failures, picture, score  # a sibling: benchmarks/ is on sys.path
 
     rows: dict[str, dict] = {}
+    pretrained = []  # the fine-tuned runs, for the picture of the views both starts miss
     for arm in ("scratch", "init"):
         for k in range(folds):
             ck = last_pt(out / f"{arm}_fold{k + 1}")
             if ck is None:
                 continue
             scored = score(str(ck), data)
+            if arm == "init":
+                pretrained.append(scored)
             kinds = {f["view"]: f["kind"] for f in failures(scored)}
             for view, ok in zip(scored.views, scored.right):
                 rows.setdefault(view, {"view": view, "fold": k + 1})[arm] = int(ok)
@@ -171,6 +175,7 @@ def per_view(out: Path, data: str, folds: int, pre: Path | None) -> None:
     lost = sum(r["scratch"] == 1 and r["init"] == 0 for r in both)
     hard = [r for r in both if r["scratch"] == 0 and r["init"] == 0]
     kinds = Counter(r["init_miss"] for r in both if r["init"] == 0)
+    picture(pretrained, [r["view"] for r in hard][:12], str(out / "per_view_misses.png"))
     print(f"pre-training turned {turned} views right and {lost} wrong; both starts miss "
           f"{len(hard)} ({_names([r['view'] for r in hard])}), of which zero-shot "
           f"gets {sum(r.get('zero_shot') == 1 for r in hard)}; the pre-trained misses: "

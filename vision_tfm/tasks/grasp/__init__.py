@@ -1,7 +1,14 @@
 """The grasp detection task: configs, training and evaluation, export spec, inference."""
 
 from .config import GraspDataConfig, GraspEvalConfig, GraspLossConfig
-from .inference import GraspMaps, draw_grasps, flip_averaged, grasp_maps
+from .inference import (
+    GraspMaps,
+    display_image,
+    draw_grasps,
+    draw_overlay,
+    flip_averaged,
+    grasp_maps,
+)
 from .predict import predict_grasps
 from .spec import GRASP_CONTRACT, grasp_postprocess, grasp_preprocess
 from .task import GraspConfig, GraspTask, build_grasp_model, grasp_split
@@ -15,7 +22,9 @@ __all__ = [
     "GraspMaps",
     "GraspTask",
     "build_grasp_model",
+    "display_image",
     "draw_grasps",
+    "draw_overlay",
     "flip_averaged",
     "grasp_maps",
     "grasp_postprocess",

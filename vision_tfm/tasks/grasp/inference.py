@@ -11,11 +11,14 @@ import torch
 from torch import nn
 
 from ...constants import MAP_KEYS
+from ...data.grasp import RGB_MEAN, RGB_STD
 from ...grasp import Grasp, activate_grasp_maps, activate_stacked
 from ...viz import pyplot
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
 
 class GraspMaps(nn.Module):
@@ -66,6 +69,17 @@ def flip_averaged(
 GT_COLOR, PRED_COLOR = "red", "lime"
 
 
+def display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -> np.ndarray:
+    """A model input ``(C, H, W)`` as a picture: the RGB with the normalisation undone, or
+    the depth (or a per-view standardised input) stretched to gray."""
+    if input_mode == "depth" or normalise == "image":
+        v = x[:3].permute(1, 2, 0).numpy() if input_mode != "depth" else x[0, ..., None].numpy()
+        v = (v - v.min()) / max(float(np.ptp(v)), 1e-6)
+        return (np.broadcast_to(v, (*v.shape[:2], 3)) * 255).astype(np.uint8)
+    rgb = x[:3].permute(1, 2, 0).numpy() * RGB_STD + RGB_MEAN
+    return (rgb.clip(0, 1) * 255).astype(np.uint8)
+
+
 def grasp_figure(image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | None) -> Figure:
     """The overlay :func:`draw_grasps` writes, as a matplotlib figure (close it after use).
 
@@ -73,10 +87,24 @@ def grasp_figure(image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | N
     highest quality; ``preds`` come best first); a legend under the image says which
     colour is the label and which the prediction, so a picture read alone is not misread.
     """
+    fig, ax = pyplot().subplots(figsize=(5, 5.4))
+    handles = draw_overlay(ax, image, preds, gt_rects)
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles),
+        frameon=False, fontsize=9,
+    )  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def draw_overlay(
+    ax: Axes, image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | None
+) -> list[Line2D]:
+    """Draw one view with its labels and ranked predictions into ``ax`` (a figure of one,
+    or a cell of a grid); returns the legend's handles."""
     plt = pyplot()
     from matplotlib.lines import Line2D
 
-    fig, ax = plt.subplots(figsize=(5, 5.4))
     ax.imshow(image)
     handles = []
     if gt_rects is not None:
@@ -93,13 +121,8 @@ def grasp_figure(image: np.ndarray, preds: list[Grasp], gt_rects: np.ndarray | N
             bbox={"boxstyle": "circle,pad=0.15", "fc": PRED_COLOR, "ec": "none", "alpha": 0.8},
         )  # fmt: skip
     handles.append(Line2D([], [], color=PRED_COLOR, lw=3, label="prediction (1 = best)"))
-    ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles),
-        frameon=False, fontsize=9,
-    )  # fmt: skip
     ax.axis("off")
-    fig.tight_layout()
-    return fig
+    return handles
 
 
 def draw_grasps(

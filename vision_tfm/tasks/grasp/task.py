@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,8 +25,6 @@ from ...config import ConfigError, apply_overrides
 from ...constants import MAP_KEYS
 from ...data.grasp import (
     IN_CHANS,
-    RGB_MEAN,
-    RGB_STD,
     CornellGrasp,
     GraspAugment,
     GraspDataset,
@@ -52,7 +49,7 @@ from ..base import Runner, Task, TopGrasp, register_task
 from ..config import EmaConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig
 from ..spec import SIZE_ORDER
 from .config import GraspDataConfig, GraspEvalConfig, GraspLossConfig
-from .inference import GraspMaps, draw_grasps, flip_averaged, grasp_maps
+from .inference import GraspMaps, display_image, draw_grasps, flip_averaged, grasp_maps
 from .spec import grasp_postprocess, grasp_preprocess
 
 HEADLINES = {"grasp_acc": "", "grasp_acc_gt_crop": ", GG-CNN ground-truth-centred crop"}
@@ -234,7 +231,7 @@ class GraspTask(Task):
         for i in range(min(4, len(rects))):
             view = {k: out[k][i, 0].numpy() for k in MAP_KEYS}
             preds = decode_grasps(**view, num_grasps=1, **self._decode_kw())
-            img = _display_image(x[i], self.cfg.data.input, self.cfg.data.normalise)
+            img = display_image(x[i], self.cfg.data.input, self.cfg.data.normalise)
             draw_grasps(img, preds, rects[i], run_dir / f"val_overlay_{i}.png")
 
     def summary(self, metrics: dict[str, float]) -> str:
@@ -342,16 +339,6 @@ class GraspTask(Task):
             f"{result[m]['mean']:.2f} ± {result[m]['std']:.2f}"
             for m, label in reversed(HEADLINES.items())
         )
-
-
-def _display_image(x: torch.Tensor, input_mode: str, normalise: str = "fixed") -> np.ndarray:
-    """Undo the input normalisation enough to show the view (RGB, or depth as gray)."""
-    if input_mode == "depth" or normalise == "image":
-        v = x[:3].permute(1, 2, 0).numpy() if input_mode != "depth" else x[0, ..., None].numpy()
-        v = (v - v.min()) / max(float(np.ptp(v)), 1e-6)
-        return (np.broadcast_to(v, (*v.shape[:2], 3)) * 255).astype(np.uint8)
-    rgb = x[:3].permute(1, 2, 0).numpy() * RGB_STD + RGB_MEAN
-    return (rgb.clip(0, 1) * 255).astype(np.uint8)
 
 
 def dataset_of(root: str | os.PathLike) -> str:
