@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import re
 import subprocess
@@ -41,6 +42,7 @@ import numpy as np
 import yaml
 
 from vision_tfm.data.grasp import find_cornell_views, kfold_splits
+from vision_tfm.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES: dict[str, dict] = {
@@ -111,7 +113,7 @@ def zero_shot(ckpt: Path, data: str, out: Path, collect: bool) -> tuple[float, i
         if m is None:
             print(f"zero-shot failed: {r.stderr.strip()[-300:]}", flush=True)
             return None
-        record.write_text(json.dumps({"views": int(m[1]), "acc": float(m[2])}))
+        atomic_write_text(json.dumps({"views": int(m[1]), "acc": float(m[2])}), record)
     if not record.is_file():
         return None
     z = json.loads(record.read_text())
@@ -154,10 +156,11 @@ def per_view(out: Path, data: str, folds: int, pre: Path | None) -> None:
     table = sorted(rows.values(), key=lambda r: r["view"])
     keys = ["view", "fold", "scratch", "init", "zero_shot",
             "scratch_miss", "init_miss", "zero_shot_miss"]  # fmt: skip
-    with (out / "per_view.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, keys, restval="")
-        w.writeheader()
-        w.writerows(table)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, keys, restval="")
+    w.writeheader()
+    w.writerows(table)
+    atomic_write_text(buf.getvalue(), out / "per_view.csv")  # whole or not at all
     mark = {1: "right", 0: "**miss**", None: "-"}
     print(f"\n{out.name}: the views a start misses (per_view.csv has all {len(table)})\n")
     print("| view | fold | scratch | pre-trained | zero-shot | how the pre-trained one misses |")
