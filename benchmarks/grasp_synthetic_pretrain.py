@@ -39,7 +39,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import yaml
+from grasp_failures import failures, picture, score  # siblings: benchmarks/ is on sys.path
+from grasp_learning_curve import finished
 
 from vision_tfm.data.grasp import find_cornell_views, kfold_splits
 from vision_tfm.files import atomic_write_text
@@ -52,23 +53,15 @@ CANDIDATES: dict[str, dict] = {
 }
 
 
-def finished(run_dir: Path) -> dict | None:
-    """The last metrics row of a finished run under ``run_dir``, with its fold's view count."""
-    for run in sorted(run_dir.glob("*/metrics.csv")):
-        cfg = yaml.safe_load((run.parent / "config.yaml").read_text())
-        rows = list(csv.DictReader(run.open()))
-        if rows and int(rows[-1]["epoch"]) == cfg["sched"]["epochs"]:
-            return rows[-1]
-    return None
-
-
 def shipped(row: dict) -> float:
     """The figure a run's last line prints (the EMA's, where the run keeps one)."""
     return float(row.get("ema_grasp_acc") or row["grasp_acc"])
 
 
-def best_pt(run_dir: Path) -> Path | None:
-    found = sorted(run_dir.glob("*/best.pt"))
+def weights(run_dir: Path, name: str = "best.pt") -> Path | None:
+    """A finished run's ``best.pt`` (what ``--init`` and zero-shot start from) or ``last.pt``
+    (the weights behind its last line, its shipped EMA at the last epoch)."""
+    found = sorted(run_dir.glob(f"*/{name}"))
     return found[-1] if found and finished(run_dir) else None
 
 
@@ -120,24 +113,16 @@ def zero_shot(ckpt: Path, data: str, out: Path, collect: bool) -> tuple[float, i
     return z["acc"], z["views"]
 
 
-def last_pt(run_dir: Path) -> Path | None:
-    """The weights behind a finished run's last line (its shipped EMA at the last epoch)."""
-    found = sorted(run_dir.glob("*/last.pt"))
-    return found[-1] if found and finished(run_dir) else None
-
-
 def per_view(out: Path, data: str, folds: int, pre: Path | None) -> None:
     """Which real views each start gets right, and how the misses miss: scratch and
     pre-trained on each view's own outer fold, and zero-shot. Prints the views any start
     misses and a tally, and writes ``per_view.csv`` and ``per_view_misses.png`` (the views
     both starts miss, with the pre-trained model's top grasp) beside the runs."""
-    from grasp_failures import failures, picture, score  # a sibling: benchmarks/ is on sys.path
-
     rows: dict[str, dict] = {}
     pretrained = []  # the fine-tuned runs, for the picture of the views both starts miss
     for arm in ("scratch", "init"):
         for k in range(folds):
-            ck = last_pt(out / f"{arm}_fold{k + 1}")
+            ck = weights(out / f"{arm}_fold{k + 1}", "last.pt")
             if ck is None:
                 continue
             scored = score(str(ck), data)
@@ -248,7 +233,7 @@ def main() -> None:
     for m in models:
         options = ["scratch", *cands] if len(cands) > 1 else cands
         for c in options if len(options) > 1 else []:
-            init = [] if c == "scratch" else ["--init", str(best_pt(a.out / m / f"pre_{c}"))]
+            init = [] if c == "scratch" else ["--init", str(weights(a.out / m / f"pre_{c}"))]
             for j in range(a.inner_folds):
                 runner.add(
                     a.out / m / f"inner_{c}_{j + 1}",
@@ -281,7 +266,7 @@ def main() -> None:
             if pre != "scratch":
                 runner.add(
                     a.out / m / f"init_fold{k + 1}",
-                    ["--data", a.data, "--model", m, "--init", str(best_pt(a.out / m / pre)),
+                    ["--data", a.data, "--model", m, "--init", str(weights(a.out / m / pre)),
                      "--out-dir", str(a.out / m / f"init_fold{k + 1}"), *fold],
                 )  # fmt: skip
     runner.run()
@@ -309,7 +294,7 @@ def main() -> None:
                 continue
             acc = np.array([x for x, _ in done])
             zs = ""
-            if arm == "init" and (ck := best_pt(a.out / m / pre)):
+            if arm == "init" and (ck := weights(a.out / m / pre)):
                 z = zero_shot(ck, a.data, a.out / m / pre, a.collect)
                 zs = "-" if z is None else f"{z[0]:.2f} ({round(z[0] * z[1])} / {z[1]})"
             print(f"| {m} | {label} | {cells} | {right} / {sum(n for _, n in done)} "
@@ -317,7 +302,7 @@ def main() -> None:
 
     if a.per_view:
         for m in models:
-            pre = None if choice[m] == "scratch" else best_pt(a.out / m / f"pre_{choice[m]}")
+            pre = None if choice[m] == "scratch" else weights(a.out / m / f"pre_{choice[m]}")
             per_view(a.out / m, a.data, a.folds, pre)
 
 
