@@ -21,7 +21,9 @@ from vision_tfm.layers import Attention
 from vision_tfm.layers.attention import attention_core
 from vision_tfm.models.swin import WindowAttention
 
-# fake_cpu's (capability, native bf16, AMX) of each CPU kind the plan tells apart
+# fake_cpu's (capability, native bf16, AMX) of each CPU kind the plan tells apart. A fake
+# reaches the plan only: the kernels run are this CPU's, as oneDNN's bf16 Linear is guarded by
+# torch's own device check (accel.onednn_bf16_runs), which no test fakes.
 CPUS = {"amx": ("AVX512", True, True), "dot-only": ("AVX512", True, False), "avx2": ("AVX2", False)}
 
 
@@ -141,6 +143,33 @@ def test_optimize_swap_gives_the_plain_cores_outputs(fake_cpu, monkeypatch, name
     assert bool(calls) == (dtype == torch.bfloat16 and cpu == "dot-only")
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, want, atol=tol * max(1.0, want.abs().max().item()), rtol=tol)
+
+
+@pytest.mark.parametrize("cpu", list(CPUS))
+def test_a_faked_cpu_never_runs_a_bf16_kernel_the_real_one_lacks(fake_cpu, monkeypatch, cpu):
+    """The plan follows the faked CPU; oneDNN's bf16 Linear runs only where torch's own check
+    says this CPU can (on an AVX2 machine the faked AMX / dot-product CPUs fall back to
+    ``F.linear``), and its output is the plain layer's either way."""
+    from vision_tfm.accel import linear as onednn
+    from vision_tfm.accel import onednn_bf16_runs
+
+    fake_cpu(*CPUS[cpu])
+    kernel_calls: list[int] = []
+    kernel = onednn._onednn_linear
+
+    def spy(*args, **kwargs):
+        kernel_calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(onednn, "_onednn_linear", spy)
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(32, 48).to(torch.bfloat16).requires_grad_(False)
+    fast = onednn.OneDnnLinear.from_linear(plain)
+    x = torch.randn(5, 32, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got, want = fast(x).float(), plain(x).float()
+    assert bool(kernel_calls) == (CPUS[cpu][1] and onednn_bf16_runs())
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.parametrize("swap", [False, True])

@@ -31,6 +31,7 @@ from .cpu import (
     cpu_native_bf16,
     dispatch_facts,
     emulated_bf16_note,
+    onednn_bf16_runs,
     warn_if_bf16_emulated,
 )
 from .linear import (
@@ -55,6 +56,7 @@ __all__ = [
     "dispatch_facts",
     "emulated_bf16_note",
     "fuse_mlp_gelu",
+    "onednn_bf16_runs",
     "onednn_linear_pays",
     "onednn_linear_speedup",
     "planned_explicit_attention",

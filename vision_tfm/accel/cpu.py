@@ -77,6 +77,17 @@ def cpu_amx() -> bool:
     return _cpu_amx()
 
 
+@functools.cache
+def onednn_bf16_runs() -> bool:
+    """oneDNN's bf16 kernels (packed Linear, ``_linear_pointwise``) run on this CPU: the check
+    torch makes before calling them (``mkldnn_bf16_device_check``, which honours
+    ``ONEDNN_MAX_CPU_ISA``). It is a guard on a kernel call, not a speed fact: the plan's facts
+    above may be replaced (tests fake other CPU kinds), this one never is, so no path calls a
+    kernel the real CPU lacks."""
+    mkldnn = torch.backends.mkldnn.is_available()
+    return bool(mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def bf16_dot_units_only() -> bool:
     """Native bf16 from AVX512_BF16 dot products without AMX: SDPA's bf16 kernel is slow there."""
     return cpu_native_bf16() and not cpu_amx() and cpu_capability().startswith("AVX512")

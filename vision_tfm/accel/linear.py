@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.mlp import Mlp
-from .cpu import cpu_native_bf16
+from .cpu import cpu_native_bf16, onednn_bf16_runs
 
 PROBE_ROUNDS = 9
 
@@ -73,6 +73,13 @@ def onednn_linear_pays() -> bool:
     can flip the pick only where the two libraries all but tie, so a wrong pick costs at
     most that difference, while a margin would keep a CPU on the slower one."""
     return onednn_linear_speedup() > 1.0
+
+
+def _bf16_kernel() -> bool:
+    """bf16 through oneDNN's Linear: where bf16 is native (the plan's fact) and torch's own
+    device check lets the kernel run (never faked, so a test that fakes a CPU kind falls
+    back to ``F.linear`` on a CPU without it)."""
+    return cpu_native_bf16() and onednn_bf16_runs()
 
 
 class OneDnnLinear(nn.Linear):
@@ -143,7 +150,7 @@ class OneDnnLinear(nn.Linear):
             or self.weight.requires_grad
             or x.device.type != "cpu"
             or x.dtype != self.weight.dtype
-            or not (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and cpu_native_bf16()))
+            or not (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _bf16_kernel()))
         ):
             y = F.linear(x, self.weight, self.bias)
             return y if self.gelu is None else F.gelu(y, approximate=self.gelu)
