@@ -13,6 +13,7 @@ out and training flips at random.
     python examples/finetune_detector.py --data ../shared/data/cornell --threads 1
     python examples/finetune_detector.py --backbone vit_small_patch16_224 --detector retinanet
     python examples/finetune_detector.py --backbone-kw '{}' --pretrained true   # timm's weights
+    python examples/finetune_detector.py --scenes 8 4 --steps 2 --min-size 64 --max-size 64
 
 Without ``--backbone-kw`` the backbone is a small config (``SMALL``) trained from scratch, so
 the run fits on a CPU. After every epoch it prints the mean train loss and COCO's figures on
@@ -296,6 +297,14 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     p.add_argument("--out", default="runs/det", help="parent of the run directory")
+    p.add_argument(
+        "--scenes",
+        type=int,
+        nargs=2,
+        default=(SCENES["train"], SCENES["val"]),
+        metavar=("TRAIN", "VAL"),
+        help="digit canvases to train on and hold out (a smoke run takes a few)",
+    )
     args = p.parse_args()
 
     if args.data:
@@ -304,7 +313,7 @@ def main() -> None:
         train = cornell_boxes([v for i, v in enumerate(views) if i % every], flip=True)
         val, classes = cornell_boxes(views[::every], flip=False), ["object"]
     else:
-        train, val = digit_scenes("train", SCENES["train"]), digit_scenes("val", SCENES["val"])
+        train, val = digit_scenes("train", args.scenes[0]), digit_scenes("val", args.scenes[1])
         classes = [str(d) for d in DIGITS]
     steps_per_epoch = len(train) // args.batch_size
     kw = args.backbone_kw

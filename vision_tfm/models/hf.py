@@ -66,6 +66,21 @@ def hub_config(model: nn.Module, pretrained_cfg: Mapping[str, Any] | None = None
     return {**out, "model_args": plain(args), "pretrained_cfg": cfg, "vision_tfm": ours}
 
 
+FOLDER_ATTRS = ("model_name", "cfg", "pretrained_cfg", "in_chans", "num_features")
+"""What a model needs for a folder: the registered name and config that rebuild it, and
+timm's data config."""
+
+
+def folder_unsupported(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be written as a folder, or None where it can. A folder rebuilds a
+    registered model from its name and config; a wrapper around one (a torchvision detector
+    on our backbone, say) has neither, and its checkpoint is what ships."""
+    missing = [a for a in FOLDER_ATTRS if not hasattr(model, a)]
+    if not missing:
+        return None
+    return f"a {type(model).__name__} is not a registered model (no {', '.join(missing)})"
+
+
 def write_folder(
     model: nn.Module,
     directory: str | os.PathLike,

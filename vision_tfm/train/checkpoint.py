@@ -11,7 +11,7 @@ from ..distributed import is_main
 from ..errors import CheckpointError
 from ..io import atomic_save
 from ..models.convert import check_finite
-from ..models.hf import write_folder
+from ..models.hf import folder_unsupported, write_folder
 from ..version import __version__
 from .resume import LoopState, restore_schedule
 from .stops import NonFiniteLossError, non_finite
@@ -26,6 +26,7 @@ class Checkpoints:
 
     run_dir: Path
     state: LoopState
+    _said_no_folder: bool = False  # the run was told why best.pt has no model folder
 
     @staticmethod
     def say(msg: str) -> None:
@@ -71,9 +72,16 @@ class Checkpoints:
             atomic_save(ck, self.run_dir / "best.pt")
             # the shipped weights again, as a model folder: deployment never unpickles, and
             # the run dir loads as create_model("local-dir:RUN_DIR", pretrained=True)
-            model = self.shipped_model
+            self._write_folder(self.shipped_model)
+
+    def _write_folder(self, model: Any) -> None:
+        why = folder_unsupported(model)
+        if why is None:
             hub = self.task.hub_cfg(self.meta, model.in_chans)
             write_folder(model, self.run_dir, pretrained_cfg=hub, overwrite=True)
+        elif not self._said_no_folder:  # once a run, not once an epoch
+            self._said_no_folder = True
+            self.say(f"no model folder beside best.pt: {why}; best.pt holds the weights")
 
     def _non_finite(self, what: str) -> NonFiniteLossError:
         return non_finite(what, self.run_dir / "last.pt" if is_main() else None)
