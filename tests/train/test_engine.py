@@ -679,3 +679,16 @@ def test_launcher_maps_an_interrupt_to_exit_130_and_errors_to_one_line(capsys):
         run_cli(bad)
     assert e.value.code == 2
     assert capsys.readouterr().err == "error: optim.lr must be > 0, got -1\n"
+
+
+def test_a_finished_run_leaves_no_loader_workers_alive(tmp_path):
+    """Workers ignore SIGTERM, and at interpreter exit multiprocessing ends workers with
+    SIGTERM and waits for them: a worker still alive when a run ends would hang its exit,
+    however long the trainer itself is kept."""
+    import multiprocessing
+
+    cfg = tiny_cfg(tmp_path, **{"data.num_workers": 1, "sched.epochs": 1})
+    trainer, _ = run(cfg)  # still referenced
+    assert multiprocessing.active_children() == []
+    Trainer(cfg, ClassificationTask(cfg), resume=trainer.run_dir / "best.pt").fit(eval_only=True)
+    assert multiprocessing.active_children() == []

@@ -121,6 +121,9 @@ class Task:
     def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
         """End-of-run artefacts (plots, overlays); called on rank 0 only."""
 
+    def close(self) -> None:
+        """Release what the task opened for a run (loaders with persistent workers)."""
+
     def summary(self, metrics: dict[str, float]) -> str:
         """The last stdout line, e.g. ``val top1: 0.9712``."""
         raise NotImplementedError

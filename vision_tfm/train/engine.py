@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ..accel import prepare_for_training, warn_if_bf16_emulated
+from ..data.loaders import close_loader
 from ..distributed import (
     all_reduce_sum,
     any_rank,
@@ -140,7 +141,11 @@ class Trainer(Checkpoints):
 
     def _val_loader(self) -> DataLoader:
         batches = val_batches(len(self.val_ds), self.task.batch_size, self.distributed)
-        return make_loader(self.val_ds, batches, self.task)
+        return self._opened(make_loader(self.val_ds, batches, self.task))
+
+    def _opened(self, loader: DataLoader) -> DataLoader:
+        self._loaders = [*getattr(self, "_loaders", []), loader]  # closed when fit ends
+        return loader
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -154,6 +159,9 @@ class Trainer(Checkpoints):
                 return metrics
             return self._fit()
         finally:
+            for loader in getattr(self, "_loaders", []):
+                close_loader(loader)
+            self.task.close()
             self._dirs.release()
             cleanup()
 
@@ -196,9 +204,8 @@ class Trainer(Checkpoints):
         self._batches = EpochBatches(
             self.train_ds, self.task.batch_size, cfg.run.seed, self.distributed
         )
-        train_loader = make_loader(
-            SeededItems(self.train_ds, cfg.run.seed), self._batches, self.task, self.device
-        )
+        train_ds = SeededItems(self.train_ds, cfg.run.seed)
+        train_loader = self._opened(make_loader(train_ds, self._batches, self.task, self.device))
         val_loader = self._val_loader()
         stop_at = s.epoch + cfg.run.stop_after if cfg.run.stop_after else cfg.sched.epochs
         try:

@@ -35,6 +35,7 @@ from ...data.grasp.dataset import view_options
 from ...data.grasp.synthetic import SceneSettings, SyntheticGrasp, is_synthetic_root
 from ...data.grasp.synthetic import datasets_from_config as grasp_datasets_from_config
 from ...data.grasp.synthetic import parse_root as parse_synthetic_root
+from ...data.loaders import close_loader
 from ...distributed import all_reduce_sum
 from ...grasp import (
     activate_grasp_maps,
@@ -220,6 +221,11 @@ class GraspTask(Task):
             )
             self._gt = (loader, gt)
         return self._gt[1]
+
+    def close(self) -> None:
+        if self._gt is not None:
+            close_loader(self._gt[1])
+            self._gt = None
 
     def finish(self, model: nn.Module, loader: DataLoader, run_dir: Path, history: list) -> None:
         plot_curves(history, run_dir / "curves.png", ["grasp_acc", "ema_grasp_acc"])
