@@ -2,6 +2,8 @@
 the newest unfinished run of the same config, so relaunching one command after a kill ends
 where an uninterrupted run ends."""
 
+import contextlib
+import io
 import itertools
 import os
 import runpy
@@ -56,8 +58,9 @@ class _SignalTask(ClassificationTask):
 
     def loss(self, model, batch, device):
         self.calls += 1
-        if self.calls == self.at:
-            os.kill(os.getpid(), self.sig)
+        if self.calls == self.at:  # while stdout is redirected, as in torchmetrics' COCO eval
+            with contextlib.redirect_stdout(io.StringIO()):
+                os.kill(os.getpid(), self.sig)
         return super().loss(model, batch, device)
 
 
@@ -71,12 +74,12 @@ def test_every_stop_signal_is_caught_once_and_a_second_one_gives_up(capsys):
     assert {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1} <= set(STOP_SIGNALS)
     before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in STOP_SIGNALS:
-        with StopSignals(print) as stops:
+        with StopSignals() as stops:
             os.kill(os.getpid(), sig)
             assert stops.received == sig
             with pytest.raises(KeyboardInterrupt):  # a second one: stop at once
                 os.kill(os.getpid(), signal.SIGTERM)
-        assert f"{sig.name}: finishing this update" in capsys.readouterr().out
+        assert capsys.readouterr().out == ""  # the handler only records; the loop says it
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before  # restored
 
 

@@ -53,7 +53,7 @@ from .sampling import (
     seed_everything,
     val_batches,
 )
-from .stops import STOP_SIGNALS, Interrupted, StopSignals
+from .stops import STOP_SIGNALS, Interrupted, StopSignals, stop_notice
 
 
 class Trainer(Checkpoints):
@@ -71,7 +71,7 @@ class Trainer(Checkpoints):
         self._run_dir = Path(run_dir) if run_dir else None
         self._stop: signal.Signals | None = None  # the stop signal every rank agreed on
         self._dirs = RunDirs(self.say)
-        self._signals = StopSignals(self.say)
+        self._signals = StopSignals()
         self._compile_t0: float | None = None
 
     # --- setup -------------------------------------------------------------------------
@@ -305,6 +305,8 @@ class Trainer(Checkpoints):
                 got = [self._signals.received == sig for sig in STOP_SIGNALS]
                 *agreed, failed = any_rank([*got, bool(bad)], self.device)
                 self._stop = next((sig for sig, a in zip(STOP_SIGNALS, agreed) if a), None)
+                if self._stop is not None:
+                    self.say(stop_notice(self._stop))
                 if failed:
                     other = f"loss became non-finite on another rank at epoch {epoch + 1}"
                     raise self._non_finite(bad or f"{other}, by step {k + 1}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -44,11 +43,14 @@ class Interrupted(VisionTfmError):  # noqa: N818  (a requested stop, not a failu
 
 class StopSignals:
     """While entered, the first stop signal (:data:`STOP_SIGNALS`) only records itself in
-    :attr:`received` (the loop finishes the update it is in and writes a checkpoint); a
-    second one raises ``KeyboardInterrupt``."""
+    :attr:`received` (the loop finishes the update it is in, says so with :func:`stop_notice`
+    and writes a checkpoint); a second one raises ``KeyboardInterrupt``.
 
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say
+    The handler prints nothing: it runs wherever the main thread happens to be, which may be
+    inside a ``redirect_stdout`` (torchmetrics' COCO evaluation swallows its own prints that
+    way) or inside a write to the same stream, where a print would be lost or fail."""
+
+    def __init__(self) -> None:
         self.received: signal.Signals | None = None
         self._prev: dict[signal.Signals, object] = {}
 
@@ -56,9 +58,6 @@ class StopSignals:
         if self.received is not None:  # a second signal: give up at once
             raise KeyboardInterrupt
         self.received = signal.Signals(signum)
-        self.say(
-            f"\n{self.received.name}: finishing this update, then writing a resumable checkpoint"
-        )
 
     def __enter__(self) -> StopSignals:
         for sig in STOP_SIGNALS:  # on every rank
@@ -70,3 +69,8 @@ class StopSignals:
             if prev is not None:
                 signal.signal(sig, prev)
         self._prev.clear()
+
+
+def stop_notice(sig: signal.Signals) -> str:
+    """What the run says once every rank has agreed to stop on ``sig``."""
+    return f"\n{sig.name}: finishing this update, then writing a resumable checkpoint"
