@@ -21,6 +21,7 @@ from .scene import (
     _grasps_for,
     _make_object,
     _moved,
+    grasp_centre,
 )
 
 
@@ -198,7 +199,7 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
         p_miss = chance[(edge.view(np.uint8) << 1) | (lum < 55).view(np.uint8)]
         z[uniform < p_miss] = np.nan
     # --- labels from the geometry, kept where they can be seen
-    params, cuts, owner, neg_params, metres = [], [], [], [], []
+    params, cuts, owner, neg_params, metres, centres = [], [], [], [], [], []
     for k in range(len(objects)):
         pos, neg = _grasps_for(k, objects, rng, cfg)
         for g in pos:
@@ -209,6 +210,7 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
                 cuts.append(cut)
                 owner.append(k + 1)
                 metres.append((g[3] - g[2], g[3] - g[2] + 2 * g[5], g[5], g[7], g[8]))
+                centres.append(grasp_centre(cam, g))
         neg_params += [_grasp_rect(cam, g)[0] for g in neg]
     rects = params_to_corners(np.array(params).reshape(-1, 5)).astype(np.float32)
     negs = params_to_corners(np.array(neg_params).reshape(-1, 5)).astype(np.float32)
@@ -221,7 +223,11 @@ def generate_view(index: int, settings: SceneSettings | None = None) -> Syntheti
         labels,
         np.array(owner, np.uint8),
         np.array(cuts, np.float32),
-        {"metres": np.array(metres, np.float64).reshape(-1, 5)},
+        {
+            "metres": np.array(metres, np.float64).reshape(-1, 5),
+            "centres": np.array(centres, np.float64).reshape(-1, 3),
+            "intrinsics": cam.intrinsics,
+        },
     )
 
 

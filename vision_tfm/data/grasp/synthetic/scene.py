@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from vision_tfm.errors import ConfigError
+from vision_tfm.grasp.camera import Intrinsics
 
 FAMILIES = ("box", "cylinder", "lying", "L", "T", "tool", "mug", "stick")
 
@@ -96,7 +97,9 @@ class SyntheticView:
         cuts: ``(K,)`` the object's cut along each rectangle's opening (contact to contact),
             in pixels; the opening is the cut plus the two plates' clearance.
         extra: ``metres``: ``(K, 5)`` per rectangle, on the table: cut, opening, clearance,
-            and the cosines between each contact's normal and the closing line.
+            and the cosines between each contact's normal and the closing line;
+            ``centres``: ``(K, 3)`` each rectangle's true centre in the camera frame, metres
+            (:func:`grasp_centre`); ``intrinsics``: the camera's :class:`Intrinsics`.
     """
 
     view_id: str
@@ -137,6 +140,17 @@ class Camera:
         py = -Y * self.sin - h * self.cos
         pz = self.q[2] + Y * self.cos - h * self.sin
         return np.stack([self.f * X / pz + self.cx, self.f * py / pz + self.cy], axis=-1)
+
+    @property
+    def intrinsics(self) -> Intrinsics:
+        """The pinhole intrinsics the views are drawn with (square pixels)."""
+        return Intrinsics(self.f, self.f, self.cx, self.cy)
+
+    def to_camera(self, xy: np.ndarray, h: float | np.ndarray) -> np.ndarray:
+        """Table points ``(..., 2)`` at height ``h`` -> camera-frame points ``(..., 3)`` (m)."""
+        X, Y = xy[..., 0], xy[..., 1]
+        y, z = -Y * self.sin - h * self.cos, self.q[2] + Y * self.cos - h * self.sin
+        return np.stack([X, y, z], -1)
 
     def plane_depth(self, rows: np.ndarray, h: float | np.ndarray) -> np.ndarray:
         """z-depth of the horizontal plane at height ``h`` seen through pixel rows ``rows``."""
@@ -333,6 +347,13 @@ def _grasps_for(
     k = min(cfg.negatives, len(neg))
     picks = rng.choice(len(neg), k, replace=False) if k else []
     return chosen, [neg[i] for i in picks]
+
+
+def grasp_centre(cam: Camera, g: tuple) -> np.ndarray:
+    """A grasp's true centre (midway between the plates, on its part's top) in the camera
+    frame, metres: the geometry a metric conversion of its rectangle should recover."""
+    c, d, t_lo, t_hi, h = g[:5]
+    return cam.to_camera(c + d * (t_lo + t_hi) / 2, h)
 
 
 def _grasp_rect(cam: Camera, g: tuple) -> tuple[np.ndarray, float]:
