@@ -384,6 +384,64 @@ def find_grasps(
     return [{k: g[k] for k in keep} for g in out]
 
 
+def in_metres(g: dict, depth: np.ndarray, k: list[float], rule: dict) -> dict:
+    """One image grasp in the camera's optical frame (x right, y down, z forward), metres:
+    ``postprocess.metric``'s rules, on the raw image's depth and intrinsics fx, fy, cx, cy."""
+    fx, fy, cx, cy = k
+
+    def ray(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return np.stack([(u - cx) / fx, (v - cy) / fy, np.ones_like(u)], -1)
+
+    x, y, t = g["x"], g["y"], g["angle"]
+    a, b = np.array([math.cos(t), -math.sin(t)]), np.array([math.sin(t), math.cos(t)])
+    ho, hj = rule["core"] * g["opening"] / 2, g["jaw"] / 2
+    H, W = depth.shape
+    rows, cols = np.mgrid[0:H, 0:W]  # whole-image grid: simple, not fast
+    dx, dy = cols - x, rows - y
+    core = (np.abs(dx * a[0] + dy * a[1]) <= ho) & (np.abs(dx * b[0] + dy * b[1]) <= hj)
+    core |= (cols == math.floor(x + 0.5)) & (rows == math.floor(y + 0.5))
+    d = depth[core].astype(np.float64)
+    ok = np.isfinite(d) & (d > 0)
+    if not ok.any():
+        return dict.fromkeys(("x_m", "y_m", "z_m", "yaw", "opening_m"))
+    u, v, d = cols[core][ok].astype(np.float64), rows[core][ok].astype(np.float64), d[ok]
+    z0 = float(np.percentile(d, rule["percentile"]))
+    near = d <= z0 + rule["band"]
+    pts = ray(u[near], v[near]) * d[near, None]
+    ends = np.array([[x, y], [x, y] - g["opening"] / 2 * a, [x, y] + g["opening"] / 2 * a])
+    r = ray(ends[:, 0], ends[:, 1])  # centre, first plate end, second
+    p = r * z0
+    if len(pts) >= 3:
+        mean = pts.mean(0)
+        _, sv, vt = np.linalg.svd(pts - mean, full_matrices=False)
+        n = vt[-1]
+        if sv[1] >= 1e-9 and np.all(
+            np.abs(r @ n) > rule["min_ray_cos"] * np.linalg.norm(r, axis=1)
+        ):
+            on = r * ((n @ mean) / (r @ n))[:, None]
+            p = on if np.all(on[:, 2] > 0) else p
+    dx, dy = p[2, 0] - p[1, 0], p[2, 1] - p[1, 1]
+    yaw = (math.atan2(dy, dx) + math.pi / 2) % math.pi - math.pi / 2
+    return {
+        "x_m": float(p[0, 0]),
+        "y_m": float(p[0, 1]),
+        "z_m": float(p[0, 2]),
+        "yaw": yaw,
+        "opening_m": float(np.linalg.norm(p[2] - p[1])),
+    }
+
+
+def intrinsics(text: str) -> list[float]:
+    """``--intrinsics fx,fy,cx,cy``: four finite numbers > 0."""
+    try:
+        k = [float(v) for v in text.split(",")]
+    except ValueError:
+        k = []
+    if len(k) != 4 or not all(math.isfinite(v) and v > 0 for v in k):
+        raise InputError(f"--intrinsics takes fx,fy,cx,cy (4 finite numbers > 0), got {text!r}")
+    return k
+
+
 # --- model.json ------------------------------------------------------------------------------
 
 
@@ -502,6 +560,43 @@ def check_meta(meta: object, where: Path) -> dict:
     return meta
 
 
+def print_grasps(sess: ort.InferenceSession, args: argparse.Namespace, meta: dict) -> None:
+    """The grasps as ``vtfm grasp`` prints them (or as JSON); with --intrinsics, in metres."""
+    k = intrinsics(args.intrinsics) if args.intrinsics else None
+    grasps = find_grasps(sess, args.images[0], args.depth, meta, max(1, args.top))
+    if k is not None:
+        if args.depth is None:
+            raise InputError("--intrinsics needs the view's depth: pass --depth")
+        rgb = np.asarray(decode(args.images[0]))  # the raw view: its size is the depth's
+        depth = decode_depth(args.depth, rgb)
+        rule = meta["postprocess"].get("metric")
+        if not isinstance(rule, dict):
+            raise InputError("model.json has no postprocess.metric: export the model again")
+        for key in ("core", "percentile", "band", "min_ray_cos"):
+            _numbers(rule.get(key), f"postprocess.metric.{key}")
+        grasps = [{**g, **in_metres(g, depth, k, rule)} for g in grasps]
+    if args.json:
+        print(json.dumps(grasps))
+        return
+    head = f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}"
+    print(
+        head + (f" {'x_m':>8} {'y_m':>8} {'z_m':>8} {'yaw_deg':>10} {'opening_m':>8}" if k else "")
+    )
+    for g in grasps:  # as vtfm grasp prints
+        line = (
+            f"{g['x']:8.1f} {g['y']:8.1f} {math.degrees(g['angle']):10.1f} "
+            f"{g['opening']:8.1f} {g['jaw']:8.1f} {g['quality']:8.3f}"
+        )
+        if k is not None and g["z_m"] is None:  # no valid depth under the grasp
+            line += f" {'-':>8} {'-':>8} {'-':>8} {'-':>10} {'-':>8}"
+        elif k is not None:
+            line += (
+                f" {g['x_m']:8.3f} {g['y_m']:8.3f} {g['z_m']:8.3f} "
+                f"{math.degrees(g['yaw']):10.1f} {g['opening_m']:8.3f}"
+            )
+        print(line)
+
+
 def check_session(sess: ort.InferenceSession, meta: dict) -> None:
     """The graph takes the input model.json names and gives one score per class name (where
     its output width is fixed; a dynamic one is checked on the first image)."""
@@ -556,6 +651,11 @@ def run() -> None:
     )
     p.add_argument("--top", type=int, default=5, help="grasp models: grasps to print")
     p.add_argument("--json", action="store_true", help="grasp models: print grasps as JSON")
+    p.add_argument(
+        "--intrinsics",
+        metavar="FX,FY,CX,CY",
+        help="grasp models: the camera's intrinsics (pixels); grasps also in metres (--depth)",
+    )
     p.add_argument("--meta", help="model.json (default: the model path with .json)")
     p.add_argument("--topk", type=int, default=5, help="classifiers: classes to print")
     p.add_argument("--verify", action="store_true", help="check the sha256 of model.json's files")
@@ -575,16 +675,7 @@ def run() -> None:
     if meta["task"] == "grasp":
         if len(args.images) != 1:
             raise InputError("a grasp model takes one RGB view (and --depth)")
-        grasps = find_grasps(sess, args.images[0], args.depth, meta, max(1, args.top))
-        if args.json:
-            print(json.dumps(grasps))
-            return
-        print(f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}")
-        for g in grasps:  # as vtfm grasp prints
-            print(
-                f"{g['x']:8.1f} {g['y']:8.1f} {math.degrees(g['angle']):10.1f} "
-                f"{g['opening']:8.1f} {g['jaw']:8.1f} {g['quality']:8.3f}"
-            )
+        print_grasps(sess, args, meta)
         return
     for image in args.images:
         prob = classify(sess, image, meta)

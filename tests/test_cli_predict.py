@@ -302,3 +302,94 @@ def test_grasp_refuses_a_view_smaller_than_the_crop(grasp_ckpt: Path, tmp_path, 
     code, _, err = run(capsys, "grasp", rgb, "--depth", depth, "--checkpoint", grasp_ckpt)
     assert code == 1  # each view fails alone, as an unreadable one does
     assert_names(err.splitlines()[0], rgb, "1x1", "300x300", "data.crop_size")
+
+
+K = (500.0, 500.0, 320.0, 240.0)  # fx, fy, cx, cy: a 640x480 camera's
+
+
+def _metric_rows(capsys, table: Path, *args: object) -> list[dict]:
+    code, _, err = run(
+        capsys, "grasp", *args, "--intrinsics", ",".join(map(str, K)), "--no-overlay",
+        "--top", "3", "--output", table,
+    )  # fmt: skip
+    assert code == 0, err
+    return list(csv.DictReader(table.open()))
+
+
+def test_grasps_on_a_flat_surface_are_the_pinhole_formula_in_metres(
+    grasp_ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """A fronto-parallel surface at 0.7 m: each grasp's centre is ((x - cx) / fx * z,
+    (y - cy) / fy * z, z), its opening opening * z / f, its yaw minus its image angle."""
+    flat = tmp_path / "flat.tiff"
+    Image.fromarray(np.full((480, 640), 0.7, np.float32)).save(flat)
+    (row,) = _metric_rows(capsys, tmp_path / "m.csv", FIX / "pcd0100r.png", "--depth", flat,
+                          "--checkpoint", grasp_ckpt)  # fmt: skip
+    fx, fy, cx, cy = K
+    n = sum(1 for k in row if k.startswith("x_m_") and row[k])
+    assert n >= 1
+    for i in range(1, n + 1):
+        x, y = float(row[f"x_{i}"]), float(row[f"y_{i}"])
+        assert float(row[f"z_m_{i}"]) == pytest.approx(0.7, abs=1e-6)
+        assert float(row[f"x_m_{i}"]) == pytest.approx((x - cx) / fx * 0.7, abs=1e-6)
+        assert float(row[f"y_m_{i}"]) == pytest.approx((y - cy) / fy * 0.7, abs=1e-6)
+        want = float(row[f"opening_{i}"]) * 0.7 / fx
+        assert float(row[f"opening_m_{i}"]) == pytest.approx(want, rel=1e-4)
+        yaw = -float(row[f"angle_deg_{i}"])  # y points down in both frames
+        assert (float(row[f"yaw_deg_{i}"]) - yaw + 90) % 180 - 90 == pytest.approx(0, abs=1e-3)
+
+
+def test_an_rgb_model_reads_the_depth_beside_its_view_for_metres(tmp_path: Path, capsys) -> None:
+    """Metres need depth whatever the model's input: an RGB model finds the view's depth file
+    by name, and a view without one fails alone, naming it."""
+    over = {
+        "model.name": "grasp_hybrid_t",
+        "model.kwargs": {"stem_chs": [8, 8], "stem_depths": [0, 1], "embed_dim": 16},
+        "data.root": str(FIX.parent), "data.output_size": 32, "data.input": "rgb",
+    }  # fmt: skip
+    cfg = apply_overrides(GraspConfig(), over)
+    meta = {
+        "task": "grasp", "model_name": "grasp_hybrid_t", "in_chans": 3, "input": "rgb",
+        "img_size": 32, "crop_size": 300, "width_scale": cfg.data.width_scale,
+    }  # fmt: skip
+    ckpt = tmp_path / "rgb.pt"
+    torch.manual_seed(0)
+    state = build_grasp_model(cfg).state_dict()
+    atomic_save({"model": state, "config": config_to_dict(cfg), "meta": meta}, ckpt)
+    (row,) = _metric_rows(capsys, tmp_path / "m.csv", FIX / "pcd0100r.png", "--checkpoint", ckpt)
+    assert row["depth"] == str(FIX / "pcd0100d.tiff")
+    z = float(row["z_m_1"])
+    assert 0.3 < z < 1.0  # Cornell's camera is about 0.6 m above the table
+    lone = tmp_path / "lone.png"
+    shutil.copy(FIX / "pcd0100r.png", lone)
+    code, _, err = run(capsys, "grasp", lone, "--checkpoint", ckpt, "--intrinsics", "1,1,1,1")
+    assert code == 1
+    assert_names(err.strip().splitlines()[0], lone, "depth")
+
+
+def test_a_grasp_over_holes_only_is_marked_without_depth(
+    grasp_ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    holed = np.full((480, 640), np.nan, np.float32)
+    holed[0, 0] = 0.7  # one valid pixel, far from the centre crop the grasps lie in
+    path = tmp_path / "holed.tiff"
+    Image.fromarray(holed).save(path)
+    args = ("grasp", FIX / "pcd0100r.png", "--depth", path, "--checkpoint", grasp_ckpt)
+    (row,) = _metric_rows(capsys, tmp_path / "m.csv", *args[1:])
+    assert row["x_1"] and row["x_m_1"] == "" and row["opening_m_1"] == ""
+    code, out, err = run(capsys, *args, "--no-overlay", "--top", "1", "--intrinsics", "1,1,1,1")
+    assert code == 0, err
+    header, line = out.strip().splitlines()
+    assert header.split()[-5:] == ["x_m", "y_m", "z_m", "yaw_deg", "opening_m"]
+    assert line.split()[-5:] == ["-"] * 5 and "nan" not in out
+
+
+@pytest.mark.parametrize(
+    "text", ["500,500,320", "500,,320,240", "a,500,320,240", "0,500,320,240", "500,500,nan,240"]
+)
+def test_grasp_refuses_meaningless_intrinsics(grasp_ckpt: Path, capsys, text: str) -> None:
+    code, _, err = run(
+        capsys, "grasp", FIX / "pcd0100r.png", "--checkpoint", grasp_ckpt, "--intrinsics", text
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert_names(err.strip(), "intrinsics")

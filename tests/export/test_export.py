@@ -6,6 +6,7 @@ import csv
 import hashlib
 import importlib.util
 import json
+import math
 import platform
 import re
 import subprocess
@@ -1104,6 +1105,37 @@ def test_onnx_client_finds_vtfm_grasps_top_grasps(
         png = tmp_path / f"{image.stem}-{dep.stem}-out.png"
         vtfm("grasp", "--checkpoint", ckpt, image, "--depth", dep, "--top", "3", "--out", png)
         assert_tables_close(capsys.readouterr().out.splitlines()[:-1], printed.stdout.splitlines())
+
+
+def test_onnx_client_puts_grasps_in_metres_as_vtfm_does(trained_grasp, tmp_path: Path) -> None:
+    """examples/onnx_client.py --intrinsics follows model.json's postprocess.metric and the
+    docs alone to the metres vtfm gives, on Cornell's real depth with its holes."""
+    from vision_tfm.grasp.camera import Intrinsics
+    from vision_tfm.tasks.grasp import predict_metric_grasps
+
+    ckpt, _ = trained_grasp
+    model = tmp_path / "model.onnx"
+    vtfm("export", "--checkpoint", ckpt, "--out", model)
+    view = FIXTURES / "cornell" / "01"
+    rgb, depth, k = view / "pcd0100r.png", view / "pcd0100d.tiff", "570.3,570.3,319.5,239.5"
+    client = Path(__file__).resolve().parents[2] / "examples" / "onnx_client.py"
+    cmd = [sys.executable, str(client), str(model), str(rgb), "--depth", str(depth)]
+    done = subprocess.run(
+        [*cmd, "--top", "3", "--json", "--intrinsics", k], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    ref = predict_metric_grasps(ckpt, rgb, Intrinsics.parse(k), depth, 3)
+    assert len(got) == len(ref) >= 1 and all(r.has_depth for r in ref)
+    for g, r in zip(got, ref):
+        assert [g["x_m"], g["y_m"], g["z_m"]] == pytest.approx([r.x, r.y, r.z], abs=1e-5)
+        assert g["opening_m"] == pytest.approx(r.opening, abs=1e-5)
+        assert abs((g["yaw"] - r.yaw + math.pi / 2) % math.pi - math.pi / 2) <= 1e-4
+    bad = subprocess.run([*cmd, "--intrinsics", "1,2,3"], capture_output=True, text=True)
+    assert (
+        bad.returncode == 2 and "--intrinsics" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    )
 
 
 def _number(token: str) -> tuple[float, float] | None:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, MissingFileError, OutputExistsError
+from ..grasp.camera import Intrinsics
 from ..io import check_writable_dir
 from ..models.convert import check_checkpoint_path
 from ..tasks.grasp import draw_grasps
@@ -119,6 +120,8 @@ def _each_batch(
 
 
 GRASP_FIELDS = ("x", "y", "angle_deg", "opening", "jaw", "quality")
+METRIC_FIELDS = ("x_m", "y_m", "z_m", "yaw_deg", "opening_m")
+"""With --intrinsics: the grasp in the camera's optical frame (x right, y down, z forward)."""
 
 
 def _cls_cells(row: dict) -> list:
@@ -126,10 +129,10 @@ def _cls_cells(row: dict) -> list:
     return [row["path"]] + [v for t in row["top"] for v in (t["label"], t["score"])]
 
 
-def _grasp_cells(row: dict) -> list:
+def _grasp_cells(row: dict, fields: tuple[str, ...] = GRASP_FIELDS) -> list:
     """A grasp row as CSV cells: the paths, then each grasp's fields, best first (a view
     with fewer grasps than --top has a shorter row)."""
-    return [row["path"], row["depth"]] + [g[c] for g in row["grasps"] for c in GRASP_FIELDS]
+    return [row["path"], row["depth"]] + [g[c] for g in row["grasps"] for c in fields]
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
@@ -183,13 +186,48 @@ def cmd_attention(args: argparse.Namespace) -> None:
     _report(failed, len(paths))
 
 
-def cmd_grasp(args: argparse.Namespace) -> None:
-    """Print (or write with --output) the top grasps on each view, and an overlay PNG each."""
+def _grasp_values(predictor: GraspPredictor, view, grasps: list, k) -> list[tuple]:
+    """Each grasp's printed fields: pixels (and, with intrinsics ``k``, the camera frame in
+    metres; None where no valid depth lies under the grasp)."""
+    values = [(g.x, g.y, math.degrees(g.angle), g.opening, g.jaw, g.quality) for g in grasps]
+    if k is None:
+        return values
+    metric = [
+        (m.x, m.y, m.z, math.degrees(m.yaw), m.opening) if m.has_depth else (None,) * 5
+        for m in predictor.in_metres(view, grasps, k)
+    ]
+    return [v + m for v, m in zip(values, metric)]
+
+
+def _print_grasps(values: list[tuple], fields: tuple[str, ...]) -> None:
+    widths = [10 if f.endswith("_deg") else 8 for f in fields]
+    print(" ".join(f"{f:>{w}}" for f, w in zip(fields, widths)))
+    for v in values:
+        cells = []
+        for f, w, x in zip(fields, widths, v):
+            digits = 3 if f == "quality" or f.endswith("_m") else 1
+            cells.append(f"{'-':>{w}}" if x is None else f"{x:{w}.{digits}f}")
+        print(" ".join(cells))
+
+
+def _grasp_args(args: argparse.Namespace) -> Intrinsics | None:
+    """Check the grasp command's settings once, where they enter; the parsed intrinsics."""
     _check_count("--top", args.top)
     _check_count("--batch-size", args.batch_size)
     check_checkpoint_path(args.checkpoint)
     if args.depth is not None and not Path(args.depth).is_file():
         raise MissingFileError(f"depth file not found: {args.depth}")
+    if not args.overlay and (args.out or args.out_dir):
+        raise ConfigError("--out and --out-dir name overlays, which --no-overlay turns off")
+    if args.depth_scale is not None and not (0 < args.depth_scale < math.inf):
+        raise ConfigError(f"--depth-scale must be a finite number > 0, got {args.depth_scale}")
+    return Intrinsics.parse(args.intrinsics) if args.intrinsics is not None else None
+
+
+def cmd_grasp(args: argparse.Namespace) -> None:
+    """Print (or write with --output) the top grasps on each view, and an overlay PNG each;
+    with --intrinsics each grasp also in the camera frame, in metres."""
+    k = _grasp_args(args)
     paths = expand_inputs(args.images, keep=is_view)
     if args.depth is not None and len(paths) != 1:
         raise ConfigError(
@@ -197,37 +235,28 @@ def cmd_grasp(args: argparse.Namespace) -> None:
             "file is found beside it by name (pcd0100r.png -> pcd0100d.tiff)"
         )
     out = check_table_path(args.output, args.overwrite)
-    if not args.overlay and (args.out or args.out_dir):
-        raise ConfigError("--out and --out-dir name overlays, which --no-overlay turns off")
     pngs = dict(zip(paths, _out_pngs(args, paths, "_grasps.png"))) if args.overlay else {}
-    if args.depth_scale is not None and not (0 < args.depth_scale < math.inf):
-        raise ConfigError(f"--depth-scale must be a finite number > 0, got {args.depth_scale}")
     predictor = GraspPredictor(args.checkpoint, args.ema, args.depth_scale)
+    fields = GRASP_FIELDS + (METRIC_FIELDS if k is not None else ())
     rows: list[dict] = []
     failed: list[Failed] = []
-    load = lambda path: predictor.load(path, args.depth)  # noqa: E731
+    load = lambda path: predictor.load(path, args.depth, keep_depth=k is not None)  # noqa: E731
     for names, views in _each_batch(paths, load, args.batch_size, failed):
         for path, view, grasps in zip(names, views, predictor.grasps(views, args.top)):
-            values = [
-                (g.x, g.y, math.degrees(g.angle), g.opening, g.jaw, g.quality) for g in grasps
-            ]
+            values = _grasp_values(predictor, view, grasps, k)
             depth = str(view.depth) if view.depth is not None else ""
-            grasp_rows = [dict(zip(GRASP_FIELDS, v)) for v in values]
+            grasp_rows = [dict(zip(fields, v)) for v in values]
             rows.append({"path": str(path), "depth": depth, "grasps": grasp_rows})
             if out is None:
                 if len(paths) > 1:
                     print(f"{path}:")
-                print(
-                    f"{'x':>8} {'y':>8} {'angle_deg':>10} {'opening':>8} {'jaw':>8} {'quality':>8}"
-                )
-                for v in values:
-                    print("{:8.1f} {:8.1f} {:10.1f} {:8.1f} {:8.1f} {:8.3f}".format(*v))
+                _print_grasps(values, fields)
             if path in pngs:
                 _save_png(lambda p: draw_grasps(view.shown, grasps, None, p), pngs[path])  # noqa: B023
     if out is not None:
         header = ["path", "depth"]
-        header += [f"{c}_{i}" for i in range(1, args.top + 1) for c in GRASP_FIELDS]
-        write_table(out, rows, header, _grasp_cells)
+        header += [f"{c}_{i}" for i in range(1, args.top + 1) for c in fields]
+        write_table(out, rows, header, lambda row: _grasp_cells(row, fields))
         print(f"wrote {out}: {len(rows)} image{'' if len(rows) == 1 else 's'}")
     _report(failed, len(paths))
 
@@ -299,6 +328,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "RealSense and Kinect write); a float TIFF is read as metres",
     )
     gr.add_argument("--top", type=int, default=5, help="grasps per view, >= 1")
+    gr.add_argument(
+        "--intrinsics",
+        metavar="FX,FY,CX,CY",
+        help="the camera's pinhole intrinsics in pixels: each grasp is also given in its "
+        "optical frame (x_m, y_m, z_m: centre in metres, x right, y down, z forward; yaw_deg "
+        "about +z; opening_m), from the view's depth (--depth, or the file beside it)",
+    )
     _add_pictures(gr, "_grasps.png")
     gr.add_argument(
         "--overlay",

@@ -14,11 +14,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from .rect import Grasp, params_to_corners
+from .rect import Grasp, grasp_axes
+
+DEPTH_PERCENTILE = 10.0
+"""The robust depth of the surface under a grasp: this percentile of the valid core depths."""
+SURFACE_BAND_M = 0.02
+"""Metres beyond that depth still counted as the surface the jaws close on."""
+CORE = 0.5
+"""Share of the opening, about the centre, whose pixels are read (the plates' ends lie off
+the object, on the table)."""
+MIN_RAY_COS = 0.2
+"""A fitted plane is used only where every ray meets it at a cosine above this; a plane the
+rays graze would throw the ends far away."""
 
 
 @dataclass(frozen=True)
@@ -78,15 +88,20 @@ class MetricGrasp:
 
 
 def _core_pixels(g: Grasp, shape: tuple[int, int], core: float) -> tuple[np.ndarray, ...]:
-    """Rows and columns of the pixels under the middle ``core`` of the opening, full jaw."""
-    corners = params_to_corners(np.array([[g.x, g.y, g.angle, g.opening * core, g.jaw]]))[0]
+    """Rows and columns of the pixels (centres at whole coordinates) within the middle ``core``
+    of the opening and the full jaw, and always the pixel nearest the centre: a rule a client
+    repeats with numpy alone."""
+    u, v = grasp_axes(np.float64(g.angle))
+    half_o, half_j = 0.5 * core * g.opening, 0.5 * g.jaw
+    reach = np.abs(u) * half_o + np.abs(v) * half_j  # half extent along x and y
     H, W = shape
-    lo = np.clip(np.floor(corners.min(0)).astype(int), 0, [W - 1, H - 1])
-    hi = np.clip(np.ceil(corners.max(0)).astype(int) + 1, 1, [W, H])
-    mask = np.zeros((hi[1] - lo[1], hi[0] - lo[0]), np.uint8)
-    cv2.fillConvexPoly(mask, np.round(corners - lo).astype(np.int32), 1)
-    rows, cols = np.nonzero(mask)
-    return rows + lo[1], cols + lo[0]
+    cols = np.arange(max(0, math.ceil(g.x - reach[0])), min(W - 1, math.floor(g.x + reach[0])) + 1)
+    rows = np.arange(max(0, math.ceil(g.y - reach[1])), min(H - 1, math.floor(g.y + reach[1])) + 1)
+    r, c = np.meshgrid(rows, cols, indexing="ij")
+    dx, dy = c - g.x, r - g.y
+    keep = (np.abs(dx * u[0] + dy * u[1]) <= half_o) & (np.abs(dx * v[0] + dy * v[1]) <= half_j)
+    keep |= (c == math.floor(g.x + 0.5)) & (r == math.floor(g.y + 0.5))
+    return r[keep], c[keep]
 
 
 def _surface(pts: np.ndarray) -> tuple[np.ndarray, float] | None:
@@ -106,9 +121,9 @@ def grasp_in_metres(
     depth: np.ndarray,
     intrinsics: Intrinsics,
     *,
-    percentile: float = 10.0,
-    band: float = 0.02,
-    core: float = 0.5,
+    percentile: float = DEPTH_PERCENTILE,
+    band: float = SURFACE_BAND_M,
+    core: float = CORE,
 ) -> MetricGrasp:
     """One pixel grasp -> :class:`MetricGrasp` on ``depth`` (metres, the view's own size).
 
@@ -133,7 +148,9 @@ def grasp_in_metres(
     px = np.array([[g.x, g.y], [g.x - half[0], g.y - half[1]], [g.x + half[0], g.y + half[1]]])
     rays = intrinsics.ray(px[:, 0], px[:, 1])  # centre, plate a, plate b
     plane = _surface(pts)
-    if plane is not None and np.all(np.abs(rays @ plane[0]) > 0.2 * np.linalg.norm(rays, axis=1)):
+    if plane is not None and np.all(
+        np.abs(rays @ plane[0]) > MIN_RAY_COS * np.linalg.norm(rays, axis=1)
+    ):
         p = rays * (plane[1] / (rays @ plane[0]))[:, None]
         if not np.all(p[:, 2] > 0):
             p = rays * z0

@@ -9,7 +9,7 @@ from .inference import (
     flip_averaged,
     grasp_maps,
 )
-from .predict import predict_grasps
+from .predict import predict_grasps, predict_metric_grasps
 from .spec import GRASP_CONTRACT, grasp_postprocess, grasp_preprocess
 from .task import GraspConfig, GraspTask, build_grasp_model, grasp_split
 
@@ -31,4 +31,5 @@ __all__ = [
     "grasp_preprocess",
     "grasp_split",
     "predict_grasps",
+    "predict_metric_grasps",
 ]

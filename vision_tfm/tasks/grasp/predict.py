@@ -18,6 +18,7 @@ from ...constants import MAP_KEYS
 from ...data.grasp import crop_box, crop_resize, load_depth, load_rgb, output_to_crop, to_input
 from ...errors import ConfigError, InputError, MissingFileError
 from ...grasp import Grasp, decode_grasps
+from ...grasp.camera import Intrinsics, MetricGrasp, grasps_in_metres
 from ...io import load_checkpoint
 from ..predict import finite_input, is_image
 from .inference import grasp_maps
@@ -56,7 +57,8 @@ class View:
     x: torch.Tensor  # (C, S, S) float32
     box: tuple[int, int, int]  # (x0, y0, side) of the centre crop
     shown: np.ndarray  # the RGB image, (H, W, 3) uint8
-    depth: Path | None = None  # the depth file read, where the model takes depth
+    depth: Path | None = None  # the depth file read (a depth model's, or for metres)
+    metres: np.ndarray | None = None  # (H, W) raw depth in metres, kept for grasps in metres
 
 
 class GraspPredictor:
@@ -78,23 +80,38 @@ class GraspPredictor:
     def needs_depth(self) -> bool:
         return self.cfg.data.input != "rgb"
 
-    def load(self, image: str | os.PathLike, depth: str | os.PathLike | None = None) -> View:
-        """Decode, crop and normalise one view; a depth model without ``depth`` looks for the
-        depth file beside ``image`` (:func:`depth_beside`)."""
+    def _depth_file(self, image: str | os.PathLike, why: str) -> Path:
+        """The depth file named after ``image`` (:func:`depth_beside`); ``why`` it is needed."""
+        depth = depth_beside(image)
+        if depth is None:
+            raise ConfigError(
+                f"{image}: {why} and no depth file is named after it (pcd0100r.png -> "
+                "pcd0100d.tiff, *_RGB.png -> *_perfect_depth.tiff); pass --depth with one image"
+            )
+        if not depth.is_file():
+            raise MissingFileError(f"{image}: depth file not found: {depth}")
+        return depth
+
+    def load(
+        self,
+        image: str | os.PathLike,
+        depth: str | os.PathLike | None = None,
+        keep_depth: bool = False,
+    ) -> View:
+        """Decode, crop and normalise one view; a depth model (or ``keep_depth``: the raw
+        depth map is kept for :meth:`in_metres`) without ``depth`` looks for the depth file
+        beside ``image`` (:func:`depth_beside`)."""
         d = self.cfg.data
         rgb = load_rgb(image)
         dep = None
-        if self.needs_depth:
+        if self.needs_depth or keep_depth:
             if depth is None:
-                depth = depth_beside(image)
-                if depth is None:
-                    raise ConfigError(
-                        f"{image}: the model takes input={d.input!r} and no depth file is "
-                        "named after it (pcd0100r.png -> pcd0100d.tiff, *_RGB.png -> "
-                        "*_perfect_depth.tiff); pass --depth with one image"
-                    )
-                if not Path(depth).is_file():
-                    raise MissingFileError(f"{image}: depth file not found: {depth}")
+                why = (
+                    f"the model takes input={d.input!r}"
+                    if self.needs_depth
+                    else "metres need depth"
+                )
+                depth = self._depth_file(image, why)
             dep = load_depth(depth, self.depth_scale)
         H, W = rgb.shape[:2]
         if dep is not None and dep.shape != (H, W):
@@ -105,9 +122,19 @@ class GraspPredictor:
             what = what if d.crop_size else f"{side} pixels a side"
             raise InputError(f"{image}: view {W}x{H} is smaller than {what}")
         box = crop_box((H, W), min(d.crop_size or min(H, W), H, W))
-        rgb_c, dep_c = crop_resize(rgb if d.input != "depth" else None, dep, box, d.output_size)
+        fed = dep if self.needs_depth else None
+        rgb_c, dep_c = crop_resize(rgb if d.input != "depth" else None, fed, box, d.output_size)
         x = finite_input(to_input(rgb_c, dep_c, d.normalise), depth or image)
-        return View(x, box, rgb, Path(depth) if depth is not None else None)
+        read = Path(depth) if depth is not None else None
+        return View(x, box, rgb, read, dep if keep_depth else None)
+
+    @staticmethod
+    def in_metres(view: View, grasps: list[Grasp], intrinsics: Intrinsics) -> list[MetricGrasp]:
+        """``grasps`` on ``view`` (loaded with ``keep_depth``) in the camera's optical frame,
+        metres (:func:`vision_tfm.grasp.camera.grasp_in_metres`)."""
+        if view.metres is None:
+            raise ConfigError("grasps in metres need the view loaded with keep_depth=True")
+        return grasps_in_metres(grasps, view.metres, intrinsics, view.shown.shape[:2])
 
     @torch.no_grad()
     def grasps(self, views: list[View], top_n: int) -> list[list[Grasp]]:
@@ -154,3 +181,20 @@ def predict_grasps(
         )
     view = predictor.load(image, depth)
     return predictor.grasps([view], top_n)[0], view.shown
+
+
+def predict_metric_grasps(
+    checkpoint: str | Path,
+    image: str | Path,
+    intrinsics: Intrinsics,
+    depth: str | Path | None = None,
+    top_n: int = 5,
+    use_ema: bool | None = None,
+    depth_scale: float | None = None,
+) -> list[MetricGrasp]:
+    """:func:`predict_grasps` with each grasp also in the camera's optical frame, in metres:
+    centre ``(x, y, z)``, yaw about the optical axis and jaw opening, from ``intrinsics`` and
+    the view's depth (``depth``, or the file named after ``image``), with any model."""
+    predictor = GraspPredictor(checkpoint, use_ema, depth_scale)
+    view = predictor.load(image, depth, keep_depth=True)
+    return predictor.in_metres(view, predictor.grasps([view], top_n)[0], intrinsics)

@@ -12,6 +12,7 @@ from typing import Any
 from ...constants import MAP_KEYS
 from ...data.grasp import DEPTH_CLIP, DEPTH_SCALE, RGB_MEAN, RGB_STD
 from ...grasp import MAP_ACTIVATIONS
+from ...grasp.camera import CORE, DEPTH_PERCENTILE, MIN_RAY_COS, SURFACE_BAND_M
 from ..spec import DOC, convert_step, decode_step
 
 GRASP_CONTRACT = "vision_tfm.grasp.preprocess/4"
@@ -19,6 +20,7 @@ GRASP_CONTRACT = "vision_tfm.grasp.preprocess/4"
 the decoding are ordered lists, image decoding stated)."""
 PRE_SPEC = f"{DOC}#grasp-preprocessing"
 POST_SPEC = f"{DOC}#grasp-decoding"
+METRIC_SPEC = f"{DOC}#grasps-in-metres"
 
 _CHANNELS = {"rgb": ["R", "G", "B"], "depth": ["D"], "rgbd": ["R", "G", "B", "D"]}
 
@@ -148,4 +150,20 @@ def grasp_postprocess(cfg: Any) -> dict[str, Any]:
             },
             {"op": "to_image", "spec": POST_SPEC},
         ],
+        "metric": grasp_metric(),
+    }
+
+
+def grasp_metric() -> dict[str, Any]:
+    """How ``vtfm grasp --intrinsics`` puts an image grasp in the camera's optical frame: not
+    a step (it needs the camera's intrinsics, which the model does not know), a rule any
+    client can apply to the grasps the steps give."""
+    return {
+        "spec": METRIC_SPEC,
+        "needs": ["intrinsics fx, fy, cx, cy in pixels", "depth: the raw image's, decode_depth"],
+        "frame": "camera optical: x right, y down, z forward, metres",
+        "core": CORE,
+        "percentile": DEPTH_PERCENTILE,
+        "band": SURFACE_BAND_M,
+        "min_ray_cos": MIN_RAY_COS,
     }
