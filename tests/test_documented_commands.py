@@ -203,24 +203,23 @@ COMMANDS: dict[str, Reduced | str] = {
     "model.kwargs.feature_map=favor": _cls_run(),
 }
 
-# the README's commands that need an earlier one's files, in the order they run here
+# the README's commands that need an earlier one's files, in the order they run here (one
+# training feeds both the resume and the export commands: each chain costs a training)
 CHAINS = {
     "classification": [
         "python train_cls.py --model vit",
         f"python train_cls.py --resume {RUN_CLS}/last.pt",
         f"python train_cls.py --eval-only --resume {RUN_GLOB}/best.pt",
         f"vtfm export --format hf --checkpoint {RUN_GLOB}/best.pt --out vit-digits",
-        f"python train_cls.py --finetune {RUN_GLOB}/best.pt --data ~/datasets/digits",
-        "timeout -s TERM 1h python train_cls.py --model vit --resume auto",
-    ],
-    "export": [
-        "python train_cls.py --model vit",
         f"vtfm export --checkpoint {RUN_GLOB}/best.pt --dynamic batch,hw",
         f"python examples/onnx_client.py {RUN_GLOB}/model.onnx digit.png --topk 3",
         "vtfm export --checkpoint CKPT --int8 static --calib-data ../shared/data/mnist",
         "vtfm export --checkpoint CKPT --int8 openvino",
         "vtfm benchmark --checkpoint CKPT --formats torch,onnx,onnx-int8-dynamic,openvino-int8 "
         "--threads 2",
+        # last: each starts a run dir of its own, which the globs above would then find
+        f"python train_cls.py --finetune {RUN_GLOB}/best.pt --data ~/datasets/digits",
+        "timeout -s TERM 1h python train_cls.py --model vit --resume auto",
     ],
     "grasp": [
         "python train_grasp.py --data ../shared/data/cornell --model grasp_hybrid_s",

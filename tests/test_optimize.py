@@ -59,10 +59,10 @@ def test_optimize_for_inference_parity(name, kw):
         torch.testing.assert_close(flat(a), flat(b), atol=1e-5, rtol=1e-5)
 
 
-def _swin_and_reference():
+def _swin_and_reference(**kw):
     """A tiny Swin, an input, and its eager fp32 output before any optimisation."""
     torch.manual_seed(0)
-    m = vt.create_model("swin_test").eval()
+    m = vt.create_model("swin_test", **kw).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         return m, x, m(x)
@@ -91,7 +91,7 @@ def test_optimize_compiled_is_frozen_and_matches_eager(monkeypatch, onednn):
     the BLAS or, where it measured faster, oneDNN; outputs stay the eager ones."""
     monkeypatch.setattr(optimize, "onednn_linear_pays", lambda: onednn)
     counters.clear()
-    m, x, ref = _swin_and_reference()
+    m, x, ref = _swin_and_reference(depths=(2, 2), num_heads=(1, 2))  # shift and merge: enough
     fast = vt.optimize_for_inference(m, compile=True)
     assert fast._orig_mod is m and fast.num_classes == m.num_classes
     swapped = [q for q in m.modules() if isinstance(q, OneDnnLinear)]

@@ -358,7 +358,7 @@ def test_cli_bad_input_one_line(tmp_path, args, names):
     assert not (tmp_path / "runs").exists()
 
 
-def test_cli_train_eval_only_resume_mismatch_and_predict(tmp_path):
+def test_cli_train_eval_only_resume_mismatch_and_predict(tmp_path, capsys):
     r = _cli(*TINY_CLI, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("val top1: ")
@@ -376,43 +376,16 @@ def test_cli_train_eval_only_resume_mismatch_and_predict(tmp_path):
 
     x, _ = load_mnist("val")
     Image.fromarray(x[0]).save(tmp_path / "digit.png")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vision_tfm.cli",
-            "predict",
-            str(tmp_path / "digit.png"),
-            "--checkpoint",
-            str(ck),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    from vision_tfm.cli import main
+
+    main(["predict", str(tmp_path / "digit.png"), "--checkpoint", str(ck)])  # in-process
+    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 5
     probs = [float(line.split()[1]) for line in lines]
     assert probs == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-6
     png = tmp_path / "att.png"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vision_tfm.cli",
-            "attention",
-            str(tmp_path / "digit.png"),
-            "--checkpoint",
-            str(ck),
-            "--out",
-            str(png),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0 and png.stat().st_size > 1000, out.stderr
+    main(["attention", str(tmp_path / "digit.png"), "--checkpoint", str(ck), "--out", str(png)])
+    assert png.stat().st_size > 1000
     assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing written was touched
 
 
