@@ -207,6 +207,7 @@ class _Formats:
         self.files: dict[str, tuple[Path, int]] = {}  # format -> the ONNX file it ran, opset
         self.calib: torch.Tensor | None = None  # drawn once, shared by the int8 formats
         self.recipes: dict[str, dict[str, Any]] = {}  # int8 format -> how it was quantised
+        self.runs_in: dict[str, str] = {}  # OpenVINO format -> the precision it compiled to
 
     def describe_files(self) -> None:
         """A JSON beside each ONNX file (as ``vtfm export`` writes), for exports kept."""
@@ -224,8 +225,9 @@ class _Formats:
             return fmt, path
         if fmt == "openvino-int8":
             return "openvino", self.files[fmt][0]
-        if fmt.startswith("openvino"):
-            return fmt, self.onnx(self.opts.opset)[0]
+        if fmt.startswith("openvino"):  # measured in the precision its row runs in
+            kind = "openvino" if self.runs_in.get(fmt) == "fp32" else fmt
+            return kind, self.onnx(self.opts.opset)[0]
         return "onnx", self.files[fmt][0]
 
     def build(self, fmt: str) -> tuple[Runner, str, float]:
@@ -255,6 +257,7 @@ class _Formats:
             path, _ = self.onnx(self.opts.opset)  # its parity is judged on OpenVINO's outputs
             want = "bf16" if fmt.endswith("-bf16") else "fp32"
             runner, runs_in = openvino_runner(path, threads, want)
+            self.runs_in[fmt] = runs_in
             status = "ok" if runs_in == want else f"ok: runs {runs_in} (no {want} on this CPU)"
             return runner, status, size_mb(path)
         opset = ATTENTION_OPSET if fmt == f"onnx-opset{ATTENTION_OPSET}" else self.opts.opset
