@@ -47,7 +47,7 @@ from vision_tfm.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES: dict[str, dict] = {
-    "default": {},  # 1-3 objects, every family, camera tilt 35-75 degrees
+    "default": {},  # the generator's defaults: 1-3 objects, every family, tilt 30-90 degrees
     "single": {"objects": [1, 1]},  # one object per view, as Cornell
     "cornell_cam": {"objects": [1, 1], "tilt": [35, 55], "distance": [0.9, 1.2]},
 }

@@ -102,12 +102,16 @@ class SyntheticGrasp(GraspDataset):
         return self.subset(self.ids, crop=crop, cache=self.cache is not None)
 
     def _load(self, view: GraspView) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
-        scene = generate_labelled(self.index[view.view_id], self.settings)
+        index, side = self.index[view.view_id], self.crop_size or min(self.settings.size_hw)
+        if self.crop == "grasps":  # the crop follows the labels: the whole view first
+            scene = generate_labelled(index, self.settings)
+            centre = scene.rects.reshape(-1, 2).mean(axis=0)
+            box = crop_box(scene.rgb.shape[:2], side, centre)
+        else:  # the centre crop is known before rendering: draw only it
+            scene = generate_labelled(index, self.settings, crop_box(self.settings.size_hw, side))
+            box = (0, 0, side)
         rgb = scene.rgb if self.input != "depth" else None
         depth = scene.depth if self.input != "rgb" else None
-        H, W = scene.rgb.shape[:2]
-        centre = scene.rects.reshape(-1, 2).mean(axis=0) if self.crop == "grasps" else None
-        box = crop_box((H, W), self.crop_size or min(H, W), centre)
         S = self.output_size
         rgb, depth = crop_resize(rgb, depth, box, S)
         return rgb, depth, crop_to_output(scene.rects, box, S)

@@ -1,5 +1,5 @@
-"""The scene's pieces in table metres: settings, the camera, objects as unions of convex
-prisms, and the antipodal grasps found on their geometry (before any pixel is drawn)."""
+"""The scene's pieces in table metres: settings, the camera, and the antipodal grasps found
+on the objects' geometry (before any pixel is drawn); the objects are in :mod:`.shapes`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from vision_tfm.errors import ConfigError
 from vision_tfm.grasp.camera import Intrinsics
 
-FAMILIES = ("box", "cylinder", "lying", "L", "T", "tool", "mug", "stick")
+from .shapes import FAMILIES, Part
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,16 @@ class SceneSettings:
     Attributes:
         seed: Generator seed (independent of the training seed: the data stays put while
             the run's seed changes).
-        families: Object families to draw from (:data:`FAMILIES`).
+        families: Object families to draw from (:data:`~.shapes.FAMILIES`: Cornell-like
+            ones and parametric shape spaces).
         objects: Fewest and most objects per view.
         size: Scale on every object dimension.
+        extent: Shortest and longest side of a parametric family's object, metres (drawn
+            log-uniformly between them).
+        distractors: Fewest and most flat sheets (paper, labels, mats) per view: seen in
+            colour, nearly nothing in depth, never graspable.
+        textures: Chance that an object or the table carries a procedural texture (noise,
+            stripes, checks, grain) instead of a plain colour.
         tilt: Camera pitch below the horizon, degrees (90: straight down; Cornell ~35-45).
         distance: Depth of the table point at the image centre, metres.
         friction: Friction coefficient; contact normals must lie within ``atan(friction)``
@@ -36,15 +43,20 @@ class SceneSettings:
         negatives: Negative rectangles per object (failed antipodal tests).
         depth_noise: Scale of the distance-squared depth noise (0: none).
         dropout: Scale of the missing-pixel rates at edges and on dark surfaces (0: none).
-        size_hw: Image ``(H, W)``.
+        holes: Mean number of blobs where the sensor returns nothing (glare, absorbing
+            patches), per view.
+        size_hw: Image ``(H, W)``, 32 to 4096 pixels a side.
     """
 
     seed: int = 0
     families: tuple[str, ...] = FAMILIES
     objects: tuple[int, int] = (1, 3)
     size: float = 1.0
-    tilt: tuple[float, float] = (35.0, 75.0)
-    distance: tuple[float, float] = (0.7, 1.15)
+    extent: tuple[float, float] = (0.02, 0.30)
+    distractors: tuple[int, int] = (0, 3)
+    textures: float = 0.5
+    tilt: tuple[float, float] = (30.0, 90.0)
+    distance: tuple[float, float] = (0.55, 1.3)
     friction: float = 0.4
     max_opening: float = 0.10
     clearance: tuple[float, float] = (0.004, 0.012)
@@ -53,9 +65,11 @@ class SceneSettings:
     negatives: int = 3
     depth_noise: float = 1.0
     dropout: float = 1.0
+    holes: float = 1.0
     size_hw: tuple[int, int] = (480, 640)
 
     def __post_init__(self) -> None:
+        self._check_ranges()
         bad = [f for f in self.families if f not in FAMILIES]
         if bad or not self.families:
             raise ConfigError(f"synthetic families {bad} unknown; expected some of {FAMILIES}")
@@ -71,6 +85,22 @@ class SceneSettings:
                 raise ConfigError(f"synthetic {name} must be > 0, got {getattr(self, name)}")
         if self.grasps < 1 or self.negatives < 0 or self.depth_noise < 0 or self.dropout < 0:
             raise ConfigError("synthetic grasps must be >= 1; negatives, depth_noise, dropout >= 0")
+
+    def _check_ranges(self) -> None:
+        """The settings added for wide scenes, each checked before a pixel is allocated."""
+        if not 0.005 <= self.extent[0] <= self.extent[1] <= 0.5:
+            raise ConfigError(f"synthetic extent must be within [0.005, 0.5] m, got {self.extent}")
+        if not 0 <= self.distractors[0] <= self.distractors[1] <= 8:
+            raise ConfigError(
+                f"synthetic distractors must be 0 <= min <= max <= 8, got {self.distractors}"
+            )
+        if not 0 <= self.textures <= 1 or not 0 <= self.holes <= 20:
+            raise ConfigError(
+                f"synthetic textures must be within [0, 1] and holes within [0, 20], got "
+                f"{self.textures} and {self.holes}"
+            )
+        if len(self.size_hw) != 2 or not all(32 <= int(n) <= 4096 for n in self.size_hw):
+            raise ConfigError(f"synthetic size_hw: 2 sides in [32, 4096], got {self.size_hw}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SceneSettings:
@@ -128,6 +158,7 @@ class Camera:
     def __init__(self, f: float, cx: float, cy: float, tilt_deg: float, distance: float) -> None:
         a = math.radians(tilt_deg)
         self.f, self.cx, self.cy = f, cx, cy
+        self.tilt_deg, self.distance = tilt_deg, distance
         self.sin, self.cos = math.sin(a), math.cos(a)
         self.height = distance * self.sin  # camera above the table
         self.q = np.array([0.0, 0.0, distance])
@@ -140,6 +171,11 @@ class Camera:
         py = -Y * self.sin - h * self.cos
         pz = self.q[2] + Y * self.cos - h * self.sin
         return np.stack([self.f * X / pz + self.cx, self.f * py / pz + self.cy], axis=-1)
+
+    def window(self, x0: int, y0: int) -> Camera:
+        """The same camera seen through an image cut at ``(x0, y0)``: only the principal
+        point moves, so a window renders exactly that part of the full view."""
+        return Camera(self.f, self.cx - x0, self.cy - y0, self.tilt_deg, self.distance)
 
     @property
     def intrinsics(self) -> Intrinsics:
@@ -167,81 +203,6 @@ class Camera:
 
 
 # ---------------------------------------------------------------------------------------------
-# Objects: unions of convex prisms
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Part:
-    """A convex prism: footprint ``poly`` (N, 2) counter-clockwise in table metres, height
-    ``h``; ``lying`` (axis angle, radius) makes it a cylinder lying along that axis."""
-
-    poly: np.ndarray
-    h: float
-    lying: tuple[float, float] | None = None
-
-
-def _rect(cx: float, cy: float, length: float, width: float, angle: float) -> np.ndarray:
-    """Rectangle footprint, ``length`` along ``angle`` (radians, counter-clockwise)."""
-    c, s = math.cos(angle), math.sin(angle)
-    u, v = np.array([c, s]) * length / 2, np.array([-s, c]) * width / 2
-    ctr = np.array([cx, cy])
-    return np.stack([ctr - u - v, ctr + u - v, ctr + u + v, ctr - u + v])
-
-
-def _disc(cx: float, cy: float, r: float, n: int = 24) -> np.ndarray:
-    t = np.arange(n) * (2 * math.pi / n)
-    return np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], axis=-1)
-
-
-def _make_object(family: str, rng: np.random.Generator, k: float) -> list[Part]:
-    """Parts of one object of ``family`` centred at the origin (``k``: size scale)."""
-    U = lambda a, b: float(rng.uniform(a, b)) * k  # noqa: E731
-    phi = float(rng.uniform(0, math.pi))
-    if family == "box":
-        return [Part(_rect(0, 0, U(0.04, 0.15), U(0.025, 0.08), phi), U(0.02, 0.09))]
-    if family == "cylinder":
-        return [Part(_disc(0, 0, U(0.015, 0.04)), U(0.04, 0.13))]
-    if family == "lying":
-        r = U(0.012, 0.035)
-        return [Part(_rect(0, 0, U(0.08, 0.2), 2 * r, phi), 2 * r, (phi, r))]
-    if family == "stick":
-        w = U(0.006, 0.014)
-        return [Part(_rect(0, 0, U(0.12, 0.24), w, phi), w)]
-    if family in ("L", "T"):
-        a, h = U(0.02, 0.04), U(0.012, 0.04)
-        l1, l2 = U(0.07, 0.14), U(0.06, 0.12)
-        c, s = math.cos(phi), math.sin(phi)
-        u, v = np.array([c, s]), np.array([-s, c])
-        bar = Part(_rect(0, 0, l1, a, phi), h)
-        off = (l1 - a) / 2 * u if family == "L" else np.zeros(2)
-        mid = off + v * (l2 / 2 - a / 2)  # the stem starts inside the bar, at one end (L)
-        stem = Part(_rect(*mid, l2, a, phi + math.pi / 2), h)  # or in its middle (T)
-        return [bar, stem]
-    if family == "tool":
-        hl, hw = U(0.08, 0.15), U(0.016, 0.028)
-        c, s = math.cos(phi), math.sin(phi)
-        u = np.array([c, s])
-        handle = Part(_rect(0, 0, hl, hw, phi), U(0.014, 0.026))
-        hd_l, hd_w = U(0.025, 0.05), U(0.05, 0.09)
-        head_c = u * (hl / 2 + hd_l / 2 - 0.004 * k)
-        head = Part(_rect(*head_c, hd_l, hd_w, phi), U(0.018, 0.045))
-        return [handle, head]
-    if family == "mug":
-        r, h = U(0.03, 0.045), U(0.07, 0.11)
-        c, s = math.cos(phi), math.sin(phi)
-        u = np.array([c, s])
-        hc = u * (r + 0.012 * k)
-        return [Part(_disc(0, 0, r), h), Part(_rect(*hc, 0.03 * k, 0.01 * k, phi), 0.75 * h)]
-    raise ConfigError(f"unknown synthetic family {family!r}")
-
-
-def _moved(parts: list[Part], dx: float, dy: float) -> list[Part]:
-    d = np.array([dx, dy])
-    return [Part(p.poly + d, p.h, p.lying) for p in parts]
-
-
-# ---------------------------------------------------------------------------------------------
 # Grasps on the geometry
 # ---------------------------------------------------------------------------------------------
 
@@ -256,26 +217,133 @@ def _inside(points: np.ndarray, poly: np.ndarray) -> np.ndarray:
     return (_cross(e[None], points[:, None] - poly[None]) >= 0).all(axis=1)
 
 
+def _clip(poly: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Where lines ``c + t d`` (M of them) enter and leave the counter-clockwise convex
+    ``poly`` (Cyrus-Beck): ``(t_in, t_out, edge at t_in, edge at t_out)``; a line that misses
+    has ``t_in > t_out``."""
+    e = np.roll(poly, -1, axis=0) - poly
+    n = np.stack([e[:, 1], -e[:, 0]], axis=-1)  # outward edge normals
+    num = ((poly[None] - c[:, None]) * n[None]).sum(-1)  # (M, E): inside is t * den <= num
+    den = d @ n.T
+    par = np.abs(den) < 1e-12
+    t = num / np.where(par, 1.0, den)
+    t_in = np.where(den < -1e-12, t, -np.inf)
+    t_out = np.where(den > 1e-12, t, np.inf)
+    i_in, i_out = t_in.argmax(axis=1), t_out.argmin(axis=1)
+    rows = np.arange(len(c))
+    lo, hi = t_in[rows, i_in], t_out[rows, i_out]
+    lo = np.where((par & (num < 0)).any(axis=1), np.inf, lo)  # parallel, outside an edge
+    return lo, hi, i_in, i_out
+
+
+def _unit_normals(poly: np.ndarray) -> np.ndarray:
+    e = np.roll(poly, -1, axis=0) - poly
+    n = np.stack([e[:, 1], -e[:, 0]], axis=-1)
+    return n / np.linalg.norm(n, axis=-1, keepdims=True)
+
+
 def _chords(poly: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
     """Where lines ``c + t d`` (M of them, through points inside ``poly``) leave it.
 
     Returns ``(t_min < 0, t_max > 0, outward normal at t_min, at t_max)``.
     """
-    p = poly[None]  # (1, E, 2)
-    e = np.roll(poly, -1, axis=0)[None] - p
-    den = _cross(d[:, None], e)  # (M, E)
-    ok = np.abs(den) > 1e-12
-    den = np.where(ok, den, 1.0)
-    t = _cross(p - c[:, None], e) / den
-    s = _cross(p - c[:, None], d[:, None]) / den
-    ok &= (s >= -1e-9) & (s <= 1 + 1e-9)
-    t_hi = np.where(ok & (t > 0), t, np.inf)
-    t_lo = np.where(ok & (t < 0), t, -np.inf)
-    i_hi, i_lo = t_hi.argmin(axis=1), t_lo.argmax(axis=1)
-    normals = np.stack([e[0, :, 1], -e[0, :, 0]], axis=-1)
-    normals /= np.linalg.norm(normals, axis=-1, keepdims=True)
+    lo, hi, i_lo, i_hi = _clip(poly, c, d)
+    n = _unit_normals(poly)
+    return lo, hi, n[i_lo], n[i_hi]
+
+
+def _object_chords(parts: list[Part], c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`_chords` through the union of an object's parts: pieces that overlap or touch
+    along the line join, so the contacts are where the line leaves the whole object.
+
+    Returns ``(t_lo, t_hi, normal at t_lo, normal at t_hi, top height at the chord's
+    midpoint)``; lines that start outside every part get ``t_lo = t_hi = nan``.
+    """
+    clips = [_clip(p.poly, c, d) for p in parts]
+    T_in = np.stack([k[0] for k in clips])  # (P, M)
+    T_out = np.stack([k[1] for k in clips])
+    hit = T_in <= T_out
+    normals = [_unit_normals(p.poly) for p in parts]
+    N_in = np.stack([normals[i][k[2]] for i, k in enumerate(clips)])  # (P, M, 2)
+    N_out = np.stack([normals[i][k[3]] for i, k in enumerate(clips)])
+    start = hit & (T_in <= 1e-12) & (T_out >= -1e-12)  # pieces holding the line's point
+    bad = ~start.any(0)
+    lo = np.where(start, T_in, np.inf).min(0)
+    hi = np.where(start, T_out, -np.inf).max(0)
+    lo[bad], hi[bad] = 0.0, 0.0
+    for _ in parts:  # join pieces until nothing touches the chord from outside
+        touch = hit & (T_in <= hi + 1e-9) & (T_out >= lo - 1e-9)
+        lo2 = np.where(bad, 0.0, np.where(touch, T_in, np.inf).min(0))
+        hi2 = np.where(bad, 0.0, np.where(touch, T_out, -np.inf).max(0))
+        if np.array_equal(lo2, lo) and np.array_equal(hi2, hi):
+            break
+        lo, hi = lo2, hi2
     rows = np.arange(len(c))
-    return t_lo[rows, i_lo], t_hi[rows, i_hi], normals[i_lo], normals[i_hi]
+    touch = hit & (T_in <= hi + 1e-9) & (T_out >= lo - 1e-9)
+    p_lo = np.where(touch, T_in, np.inf).argmin(0)
+    p_hi = np.where(touch, T_out, -np.inf).argmax(0)
+    mid = (lo + hi) / 2
+    heights = np.array([p.h for p in parts])[:, None]
+    h = np.where(hit & (T_in <= mid) & (T_out >= mid), heights, 0.0).max(0)
+    lo, hi = np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
+    return lo, hi, N_in[p_lo, rows], N_out[p_hi, rows], h
+
+
+def _candidates(
+    part: Part, rng: np.random.Generator, n: int, friction: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Points inside ``part`` and closing directions: half at random, half along a random
+    edge's normal (within the friction cone), where most antipodal pairs of a thin part
+    lie and random angles miss them."""
+    lo, hi = part.poly.min(0), part.poly.max(0)
+    pts = rng.uniform(lo, hi, size=(n * 3, 2))
+    pts = pts[_inside(pts, part.poly)][:n]
+    e = np.roll(part.poly, -1, axis=0) - part.poly
+    normal_ang = np.arctan2(-e[:, 0], e[:, 1])
+    ang = rng.uniform(0, math.pi, len(pts))
+    half = len(pts) // 2
+    jitter = rng.uniform(-1, 1, half) * math.atan(friction)
+    ang[:half] = normal_ang[rng.integers(0, len(e), half)] + jitter
+    return pts, np.stack([np.cos(ang), np.sin(ang)], axis=-1)
+
+
+def _plates_free(
+    pts: np.ndarray,
+    d: np.ndarray,
+    ends: tuple[np.ndarray, np.ndarray],
+    clear: np.ndarray,
+    jaw: np.ndarray,
+    polys: list[np.ndarray],
+) -> np.ndarray:
+    """Whether both plates, beyond each contact, touch no part of any object (a contact
+    inside an object's own union is no contact): 12 probes per candidate, 2 plates x 2
+    depths x 3 across the jaw."""
+    perp = np.stack([-d[:, 1], d[:, 0]], axis=-1)
+    probes = []
+    for t, sgn in ((ends[1], 1.0), (ends[0], -1.0)):
+        for a in (0.5, 1.0):
+            for b in (-0.5, 0.0, 0.5):
+                tt = np.where(np.isfinite(t), t, 0.0) + sgn * a * clear
+                probes.append(pts + d * tt[:, None] + perp * (b * jaw)[:, None])
+    q = np.concatenate(probes)  # (12 M, 2)
+    hit = np.zeros(len(q), bool)
+    for poly in polys:
+        hit |= _inside(q, poly)
+    return ~hit.reshape(len(probes), len(pts)).any(axis=0)
+
+
+def _spread(pos: list[tuple], most: int) -> list[tuple]:
+    """Greedy: keep a grasp with a new centre or a new angle, so labels cover the object."""
+    chosen: list[tuple] = []
+    for g in pos:
+        if all(
+            np.linalg.norm(g[0] - c[0]) > 0.015 or abs(g[1] @ c[1]) < math.cos(math.radians(30))
+            for c in chosen
+        ):
+            chosen.append(g)
+        if len(chosen) == most:
+            break
+    return chosen
 
 
 def _grasps_for(
@@ -285,68 +353,36 @@ def _grasps_for(
     cfg: SceneSettings,
     n_candidates: int = 48,
 ) -> tuple[list[tuple], list[tuple]]:
-    """Antipodal grasps on object ``obj``: ``(centre, direction, t_lo, t_hi, h, clearance, jaw,
-    cos of each contact normal to the closing line)`` tuples, positives (diverse, up to
-    ``cfg.grasps``) and negatives."""
+    """Antipodal grasps on object ``obj``: ``(point, direction, t_lo, t_hi, h, clearance,
+    jaw, cos of each contact normal to the closing line)`` tuples, positives (diverse, up to
+    ``cfg.grasps``) and negatives. The contacts are where the closing line leaves the
+    object's union of parts, and ``h`` is the object's top at the grasp's centre."""
     cone = math.cos(math.atan(cfg.friction))
-    others = [p.poly for parts in objects for p in parts]
+    parts = objects[obj]
+    polys = [p.poly for o in objects for p in o]
+    per_part = max(6, n_candidates // len(parts))
+    drawn = [_candidates(part, rng, per_part, cfg.friction) for part in parts]
+    pts, d = np.concatenate([c[0] for c in drawn]), np.concatenate([c[1] for c in drawn])
+    if not len(pts):
+        return [], []
+    t_lo, t_hi, n_lo, n_hi, h = _object_chords(parts, pts, d)  # every candidate at once
+    good = np.isfinite(t_lo) & np.isfinite(t_hi)
+    cos_lo, cos_hi = (-n_lo * d).sum(-1), (n_hi * d).sum(-1)
+    clear = rng.uniform(*cfg.clearance, len(pts))
+    jaw = rng.uniform(*cfg.jaw, len(pts))
+    fits = (t_hi - t_lo) + 2 * clear <= cfg.max_opening
+    free = _plates_free(pts, d, (t_lo, t_hi), clear, jaw, polys)
+    ok = good & (cos_lo >= cone) & (cos_hi >= cone) & fits & free
     pos, neg = [], []
-    for part in objects[obj]:
-        lo, hi = part.poly.min(0), part.poly.max(0)
-        pts = rng.uniform(lo, hi, size=(n_candidates * 3, 2))
-        pts = pts[_inside(pts, part.poly)][:n_candidates]
-        if not len(pts):
-            continue
-        # half the closing directions at random, half along a random edge's normal (within
-        # the cone): most antipodal pairs of a thin part lie there, and random angles miss them
-        e = np.roll(part.poly, -1, axis=0) - part.poly
-        normal_ang = np.arctan2(-e[:, 0], e[:, 1])
-        ang = rng.uniform(0, math.pi, len(pts))
-        half = len(pts) // 2
-        jitter = rng.uniform(-1, 1, half) * math.atan(cfg.friction)
-        ang[:half] = normal_ang[rng.integers(0, len(e), half)] + jitter
-        d = np.stack([np.cos(ang), np.sin(ang)], axis=-1)
-        t_lo, t_hi, n_lo, n_hi = _chords(part.poly, pts, d)
-        good = np.isfinite(t_lo) & np.isfinite(t_hi)
-        friction = ((n_hi * d).sum(-1) >= cone) & ((-n_lo * d).sum(-1) >= cone)
-        clear = rng.uniform(*cfg.clearance, len(pts))
-        jaw = rng.uniform(*cfg.jaw, len(pts))
-        fits = (t_hi - t_lo) + 2 * clear <= cfg.max_opening
-        # the plates, beyond each contact, must touch no part of any object (this one's
-        # other parts included: a contact inside the union is no contact)
-        perp = np.stack([-d[:, 1], d[:, 0]], axis=-1)
-        probes = []  # 12 points per candidate: 2 plates x 2 depths x 3 across the jaw
-        for t, sgn in ((t_hi, 1.0), (t_lo, -1.0)):
-            for a in (0.5, 1.0):
-                for b in (-0.5, 0.0, 0.5):
-                    tt = np.where(np.isfinite(t), t, 0.0) + sgn * a * clear
-                    probes.append(pts + d * tt[:, None] + perp * (b * jaw)[:, None])
-        q = np.concatenate(probes)  # (12 M, 2)
-        hit = np.zeros(len(q), bool)
-        for poly in others:
-            hit |= _inside(q, poly)
-        free = ~hit.reshape(len(probes), len(pts)).any(axis=0)
-        ok = good & friction & fits & free
-        cos_lo, cos_hi = (-n_lo * d).sum(-1), (n_hi * d).sum(-1)
-        rows = [
-            (pts[i], d[i], t_lo[i], t_hi[i], part.h, clear[i], jaw[i], cos_lo[i], cos_hi[i])
-            for i in range(len(pts))
-            if good[i]
-        ]
-        pos += [r for r, o in zip(rows, ok[good]) if o]
-        neg += [r for r, o, f in zip(rows, ok[good], free[good]) if not o and f]
-    chosen: list[tuple] = []
-    for g in pos:  # greedy: a new centre or a new angle, so labels spread over the object
-        if all(
-            np.linalg.norm(g[0] - c[0]) > 0.015 or abs(g[1] @ c[1]) < math.cos(math.radians(30))
-            for c in chosen
-        ):
-            chosen.append(g)
-        if len(chosen) == cfg.grasps:
-            break
+    for i in np.flatnonzero(good):
+        row = (pts[i], d[i], t_lo[i], t_hi[i], h[i], clear[i], jaw[i], cos_lo[i], cos_hi[i])
+        if ok[i]:
+            pos.append(row)
+        elif free[i]:
+            neg.append(row)
     k = min(cfg.negatives, len(neg))
     picks = rng.choice(len(neg), k, replace=False) if k else []
-    return chosen, [neg[i] for i in picks]
+    return _spread(pos, cfg.grasps), [neg[i] for i in picks]
 
 
 def grasp_centre(cam: Camera, g: tuple) -> np.ndarray:
