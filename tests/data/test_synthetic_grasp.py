@@ -255,3 +255,6 @@ def test_bad_settings_are_one_line_errors():
     with raises_naming(ConfigError, "'synthetic:x'"):
         parse_root("synthetic:x")
     assert parse_root("synthetic:12") == 12 and parse_root("synthetic") == 400
+    for huge in ("synthetic:1000000000", "synthetic:" + "9" * 40):  # refused before any index
+        with raises_naming(ConfigError, repr(huge), "10,000,000"):
+            parse_root(huge)

@@ -51,12 +51,18 @@ def save_cornell(view: SyntheticView, folder: str | Path, number: int) -> Path:
     return rgb
 
 
+MAX_VIEWS = 10_000_000
+"""Most views a ``synthetic:N`` root may name: a dataset keeps an id per view (about 100 bytes
+each), so the bound is checked before that index is built."""
+
+
 def parse_root(root: str) -> int:
     """``"synthetic"`` or ``"synthetic:N"`` -> N views (:data:`DEFAULT_VIEWS` when absent)."""
-    m = re.fullmatch(rf"{SYNTHETIC}(?::(\d+))?", str(root).strip())
-    if m is None or (m.group(1) is not None and int(m.group(1)) < 2):
+    m = re.fullmatch(rf"{SYNTHETIC}(?::(\d{{1,12}}))?", str(root).strip())
+    if m is None or (m.group(1) is not None and not 2 <= int(m.group(1)) <= MAX_VIEWS):
         raise ConfigError(
-            f"synthetic data must be 'synthetic' or 'synthetic:N' (N >= 2), got {root!r}"
+            f"synthetic data must be 'synthetic' or 'synthetic:N' (2 <= N <= {MAX_VIEWS:,}), "
+            f"got {root!r}"
         )
     return int(m.group(1)) if m.group(1) else DEFAULT_VIEWS
 
