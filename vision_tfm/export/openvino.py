@@ -2,9 +2,10 @@
 
 It reads the ``model.onnx`` onnxruntime runs, so the runtimes compare on one graph. Its CPU
 plugin picks bf16 by itself on CPUs with bf16 units: the precision is always set, and the
-row reports the one the compiled model runs in (fp32 where bf16 cannot be built, as under
-``ONEDNN_MAX_CPU_ISA=AVX2`` on a CPU that has bf16 units). Loaded into a process that later ran
-``torch.compile``, the plugin made that compile segfault, so tests run OpenVINO in a child.
+row reports the one the compiled model runs in (fp32 where bf16 cannot be built, as when
+``ONEDNN_MAX_CPU_ISA`` holds oneDNN below bf16 on a CPU that has bf16 units). Loaded into a
+process that later ran ``torch.compile``, the plugin made that compile segfault, so tests run
+OpenVINO in a child.
 """
 
 from __future__ import annotations
