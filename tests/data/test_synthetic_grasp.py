@@ -21,7 +21,7 @@ from vision_tfm.data.grasp.synthetic import (
     save_cornell,
     synthetic_datasets,
 )
-from vision_tfm.data.grasp.synthetic.scene import _chords, _grasps_for, _object_chords
+from vision_tfm.data.grasp.synthetic.scene import _grasps_for, _object_chords
 from vision_tfm.data.grasp.synthetic.shapes import Part, _annulus, _fan, _star, make_object
 from vision_tfm.grasp import batch_grasp_correct, corners_to_params, encode_grasp_maps
 
@@ -110,7 +110,7 @@ def test_chords_of_a_square_find_opposed_normals():
     square = np.array([[0, 0], [1, 0], [1, 1], [0, 1]], float)
     c = np.array([[0.5, 0.5], [0.25, 0.5]])
     d = np.array([[1.0, 0.0], [0.0, 1.0]])
-    t_lo, t_hi, n_lo, n_hi = _chords(square, c, d)
+    t_lo, t_hi, n_lo, n_hi, _ = _object_chords([Part(square, 0.01)], c, d)
     np.testing.assert_allclose(t_lo, [-0.5, -0.5])
     np.testing.assert_allclose(t_hi, [0.5, 0.5])
     np.testing.assert_allclose(n_hi, d)

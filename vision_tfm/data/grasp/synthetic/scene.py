@@ -219,8 +219,8 @@ def _inside(points: np.ndarray, poly: np.ndarray) -> np.ndarray:
 
 def _clip(poly: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
     """Where lines ``c + t d`` (M of them) enter and leave the counter-clockwise convex
-    ``poly`` (Cyrus-Beck): ``(t_in, t_out, edge at t_in, edge at t_out)``; a line that misses
-    has ``t_in > t_out``."""
+    ``poly`` (Cyrus-Beck): ``(t_in, t_out, outward unit normal at t_in, at t_out)``; a line
+    that misses has ``t_in > t_out``."""
     e = np.roll(poly, -1, axis=0) - poly
     n = np.stack([e[:, 1], -e[:, 0]], axis=-1)  # outward edge normals
     num = ((poly[None] - c[:, None]) * n[None]).sum(-1)  # (M, E): inside is t * den <= num
@@ -233,28 +233,14 @@ def _clip(poly: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, .
     rows = np.arange(len(c))
     lo, hi = t_in[rows, i_in], t_out[rows, i_out]
     lo = np.where((par & (num < 0)).any(axis=1), np.inf, lo)  # parallel, outside an edge
-    return lo, hi, i_in, i_out
-
-
-def _unit_normals(poly: np.ndarray) -> np.ndarray:
-    e = np.roll(poly, -1, axis=0) - poly
-    n = np.stack([e[:, 1], -e[:, 0]], axis=-1)
-    return n / np.linalg.norm(n, axis=-1, keepdims=True)
-
-
-def _chords(poly: np.ndarray, c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Where lines ``c + t d`` (M of them, through points inside ``poly``) leave it.
-
-    Returns ``(t_min < 0, t_max > 0, outward normal at t_min, at t_max)``.
-    """
-    lo, hi, i_lo, i_hi = _clip(poly, c, d)
-    n = _unit_normals(poly)
-    return lo, hi, n[i_lo], n[i_hi]
+    unit = n / np.linalg.norm(n, axis=-1, keepdims=True)
+    return lo, hi, unit[i_in], unit[i_out]
 
 
 def _object_chords(parts: list[Part], c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, ...]:
-    """:func:`_chords` through the union of an object's parts: pieces that overlap or touch
-    along the line join, so the contacts are where the line leaves the whole object.
+    """Where lines ``c + t d`` through points of an object leave the union of its parts:
+    pieces that overlap or touch along the line join, so the contacts are where the line
+    leaves the whole object.
 
     Returns ``(t_lo, t_hi, normal at t_lo, normal at t_hi, top height at the chord's
     midpoint)``; lines that start outside every part get ``t_lo = t_hi = nan``.
@@ -263,9 +249,8 @@ def _object_chords(parts: list[Part], c: np.ndarray, d: np.ndarray) -> tuple[np.
     T_in = np.stack([k[0] for k in clips])  # (P, M)
     T_out = np.stack([k[1] for k in clips])
     hit = T_in <= T_out
-    normals = [_unit_normals(p.poly) for p in parts]
-    N_in = np.stack([normals[i][k[2]] for i, k in enumerate(clips)])  # (P, M, 2)
-    N_out = np.stack([normals[i][k[3]] for i, k in enumerate(clips)])
+    N_in = np.stack([k[2] for k in clips])  # (P, M, 2)
+    N_out = np.stack([k[3] for k in clips])
     start = hit & (T_in <= 1e-12) & (T_out >= -1e-12)  # pieces holding the line's point
     bad = ~start.any(0)
     lo = np.where(start, T_in, np.inf).min(0)
