@@ -9,10 +9,12 @@ What a runtime needs besides the graph is in ``model.json``: the files to ship (
 class names, and under ``preprocess.steps`` the ordered steps of ``vtfm predict``'s (or
 ``vtfm grasp``'s) preprocessing, each linking the section of docs/deployment.md that states
 its rules; for grasp models, ``postprocess.steps`` turn the one ``maps`` output into grasps.
-This file runs those steps in the order listed and prints what ``vtfm predict`` /
-``vtfm grasp`` print. tests/export/test_export.py holds it to 1e-5 in probability on gray,
-RGB, 16-bit, palette, RGBA, upscaled and non-square images, and to vtfm grasp's top grasp
-within 1e-4 px and 1e-5 rad. Nothing here imports torch, OpenCV or vision_tfm.
+Before anything runs it checks ``model.json`` against the contract (which steps, in which
+order, each key and its type: ``ORDERS`` and ``STEP_KEYS``), then runs the steps in that
+order and prints what ``vtfm predict`` / ``vtfm grasp`` print. tests/export/test_export.py
+holds it to 1e-5 in probability on gray, RGB, 16-bit, palette, RGBA, upscaled and non-square
+images, and to vtfm grasp's top grasp within 1e-4 px and 1e-5 rad. Nothing here imports
+torch, OpenCV or vision_tfm.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ import argparse
 import hashlib
 import json
 import math
+import os
+import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -104,7 +110,7 @@ def resize(img: np.ndarray, short_side: int) -> np.ndarray:
 def check_contract(pre: dict, contract: str) -> None:
     if pre.get("contract") != contract:
         raise InputError(
-            f"model.json states preprocessing {pre.get('contract')!r}; this client follows "
+            f"model.json states preprocessing {_shown(pre.get('contract'))}; this client follows "
             f"{contract!r}"
         )
 
@@ -121,7 +127,7 @@ def _run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndar
     arrays: dict[str, np.ndarray] = {}
     box: dict = {}
     for step in steps:
-        op, on = step["op"], step.get("applies_to", ["image"])
+        op, on = step["op"], step.get("applies_to", DEFAULTS["applies_to"])
         if op == "decode":
             arrays[step["file"]] = decode(files[step["file"]])
         elif op == "convert":
@@ -142,7 +148,7 @@ def _run_steps(steps: list[dict], files: dict[str, str | None]) -> tuple[np.ndar
             inv_std = np.reciprocal(np.asarray(step["std"], np.float32) * np.float32(255))
             arrays["image"] = (arrays["image"].astype(np.float32) - mean) * inv_std
         elif op == "decode_depth":
-            scale = step.get("integer_scale", 0.001)
+            scale = step.get("integer_scale", DEFAULTS["integer_scale"])
             arrays["depth"] = decode_depth(files["depth"], arrays.get("rgb"), scale)
         elif op == "center_crop_square":
             H, W = arrays[on[0]].shape[:2]
@@ -444,24 +450,159 @@ def intrinsics(text: str) -> list[float]:
 
 # --- model.json ------------------------------------------------------------------------------
 
+MAX_META_BYTES = 4 * 2**20  # an exported model.json is a few kB
+MAX_DEPTH = 32  # nesting: export writes 5 levels; json.loads recurses once per level
+MAX_SQUARE = math.isqrt(MAX_PIXELS)  # the largest resize_area side
+_RGB = ("decode", "convert", "center_crop_square", "resize_area")
+_DEPTH = ("decode_depth", "center_crop_square", "fill_depth_holes", "resize_area", "center_depth")
+_RGBD = ("decode", "convert", *_DEPTH)
+ORDERS: dict[str, list[tuple[str, ...]]] = {
+    # the step orders vision_tfm writes (tasks/classification.py cls_preprocess and
+    # tasks/grasp/spec.py grasp_preprocess; docs/deployment.md states them); each op once
+    CONTRACT: [("decode", "convert", "resize_short_side", "center_crop", "normalize", "to_tensor")],
+    GRASP_CONTRACT: [  # input rgbd, rgb, depth; each with normalise "fixed", then "image"
+        (*_RGBD, "normalize_rgb", "to_tensor"),
+        (*_RGBD, "standardise", "to_tensor"),
+        (*_RGB, "normalize_rgb", "to_tensor"),
+        (*_RGB, "standardise", "to_tensor"),
+        (*_DEPTH, "to_tensor"),
+        (*_DEPTH, "standardise", "to_tensor"),
+    ],
+}
+POST_ORDER = ("flip_average", "gaussian_filter", "peaks", "grasps", "to_image")
+TASKS = {"cls": CONTRACT, "grasp": GRASP_CONTRACT}  # task -> the contract its steps follow
+MAP_CHANNELS = ["quality", "cos", "sin", "width"]
+STEP_KEYS: dict[str, dict[str, str]] = {  # op -> each key the client reads -> its kind
+    "decode": {"file": "image_name"},
+    "convert": {"applies_to": "image_array", "to": "mode"},
+    "resize_short_side": {"size": "side"},
+    "center_crop": {"size": "sides"},
+    "normalize": {"mean": "means", "std": "stds"},
+    "decode_depth": {"integer_scale": "positive"},
+    "center_crop_square": {"applies_to": "all_arrays", "size": "side_or_null"},
+    "fill_depth_holes": {"applies_to": "depth_array"},
+    "resize_area": {"applies_to": "all_arrays", "size": "square"},
+    "center_depth": {"applies_to": "depth_array", "clip": "positive"},
+    "normalize_rgb": {"applies_to": "image_array", "mean": "means", "std": "stds"},
+    "standardise": {"applies_to": "all_arrays", "min_std": "positive"},
+    "to_tensor": {},
+    "flip_average": {"enabled": "bool"},
+    "gaussian_filter": {"sigma": "sigmas"},
+    "peaks": {"min_distance": "distance", "threshold": "number"},
+    "grasps": {"width_scale": "positive"},
+    "to_image": {},
+}
+DEFAULTS = {"applies_to": ["image"], "integer_scale": 0.001}  # what a key left out means
+METRIC_KEYS = {  # postprocess.metric: what --intrinsics reads
+    "core": "positive",
+    "percentile": "percent",
+    "band": "nonnegative",
+    "min_ray_cos": "unit",
+}
 
-def _numbers(v: object, what: str, positive: bool = False, n: int | None = None) -> None:
-    """``v`` is a finite number (or a list of ``n``, where ``n`` is given), > 0 if asked."""
-    vs = v if n is not None and isinstance(v, list) else [v]
-    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
-    ok = ok and all(math.isfinite(x) and (x > 0 or not positive) for x in vs)
-    if not ok or (n is not None and (not isinstance(v, list) or len(vs) not in (1, n))):
-        want = "a finite number" + (" > 0" if positive else "")
-        want = f"a list of 1 or {n} ({want} each)" if n is not None else want
-        raise InputError(f"model.json: {what} must be {want}, got {str(v)[:200]}")
+
+def _finite(v: object, low: float = -math.inf, high: float = math.inf) -> bool:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        x = float(v)  # a JSON integer may have thousands of digits
+    except OverflowError:
+        return False
+    return math.isfinite(x) and low <= x <= high
 
 
-def _sides(v: object, what: str, n: int | None = None, most: int = MAX_SIDE) -> None:
-    """``v`` is a whole number in 1..``most`` (or a list of ``n`` of them)."""
-    vs = v if n is not None and isinstance(v, list) and len(v) == n else [v]
-    if not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= most for x in vs):
-        want = f"{n} whole numbers" if n is not None else "a whole number"
-        raise InputError(f"model.json: {what} must be {want} in 1..{most}, got {str(v)[:200]}")
+def _whole(v: object, low: int, high: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _each(v: object, counts: tuple[int, ...], ok: Callable[[Any], bool]) -> bool:
+    return isinstance(v, list) and len(v) in counts and all(ok(x) for x in v)
+
+
+Kind = tuple[str, Callable[[Any, dict], bool]]  # what a value must be; its test on (v, context)
+KINDS: dict[str, Kind] = {
+    "image_name": ("{image!r}", lambda v, c: v == c["image"]),
+    "mode": ("one of {modes}", lambda v, c: isinstance(v, str) and v in c["modes"]),
+    "image_array": ("[{image!r}]", lambda v, c: v == [c["image"]]),
+    "depth_array": ("['depth']", lambda v, c: v == ["depth"]),
+    "all_arrays": ("{arrays}", lambda v, c: v == c["arrays"]),
+    "side": (f"a whole number in 1..{MAX_SIDE}", lambda v, c: _whole(v, 1, MAX_SIDE)),
+    "sides": (
+        f"2 whole numbers in 1..{MAX_SIDE}",
+        lambda v, c: _each(v, (2,), lambda x: _whole(x, 1, MAX_SIDE)),
+    ),
+    "side_or_null": (
+        f"null or a whole number in 1..{MAX_SIDE}",
+        lambda v, c: v is None or _whole(v, 1, MAX_SIDE),
+    ),
+    "square": (
+        f"2 equal whole numbers in 1..{MAX_SQUARE}",
+        lambda v, c: _each(v, (2,), lambda x: _whole(x, 1, MAX_SQUARE)) and v[0] == v[1],
+    ),
+    "means": ("a list of {n} finite numbers", lambda v, c: _each(v, c["counts"], _finite)),
+    "stds": (
+        "a list of {n} finite numbers > 0",
+        lambda v, c: _each(v, c["counts"], lambda x: _finite(x) and x > 0),
+    ),
+    "number": ("a finite number", lambda v, c: _finite(v)),
+    "positive": ("a finite number > 0", lambda v, c: _finite(v) and v > 0),
+    "nonnegative": ("a finite number >= 0", lambda v, c: _finite(v, 0)),
+    "percent": ("a number in 0..100", lambda v, c: _finite(v, 0, 100)),
+    "unit": ("a number in 0..1", lambda v, c: _finite(v, 0, 1)),
+    "bool": ("true or false", lambda v, c: isinstance(v, bool)),
+    "sigmas": (
+        "{{quality, cos, sin, width}}, each a number in 0..{side}",
+        lambda v, c: (
+            isinstance(v, dict)
+            and sorted(v) == sorted(MAP_CHANNELS)
+            and all(_finite(x, 0, c["side"]) for x in v.values())
+        ),
+    ),
+    "distance": ("a whole number in 0..{side}", lambda v, c: _whole(v, 0, c["side"])),
+}
+LEARNS: dict[str, Callable[[dict], dict]] = {  # op -> what later steps' kinds take from it
+    "convert": lambda s: _counts(len(s["to"])),  # mean and std: 1 value, or 1 per channel
+    "resize_area": lambda s: {"side": s["size"][0]},  # a blur or peak window spans the map
+}
+_MISSING = object()
+
+
+def _counts(channels: int) -> dict:
+    counts = tuple(sorted({1, channels}))
+    return {"counts": counts, "n": " or ".join(map(str, counts))}
+
+
+def read_meta(path: Path) -> object:
+    """model.json's JSON, from a regular file of at most ``MAX_META_BYTES`` nested at most
+    ``MAX_DEPTH`` deep: a FIFO would block, ``/dev/zero`` never end, deep nesting recurse."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)  # non-blocking: opening a FIFO waits for no writer
+    except OSError as e:
+        raise InputError(f"{path}: cannot open model.json ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)  # the file opened, not what the name points at later
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: model.json must be a regular file, not a special one")
+        data = fh.read(MAX_META_BYTES + 1) if st.st_size <= MAX_META_BYTES else b""
+    if not data or len(data) > MAX_META_BYTES:
+        size = "empty" if st.st_size == 0 else f"over {MAX_META_BYTES:,} bytes"
+        raise InputError(f"{path}: model.json is {size}; export writes a few kB")
+    try:
+        meta = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        meta = None  # refused below as nested too deep
+    except ValueError as e:  # not UTF-8, not JSON, an integer of over 4300 digits
+        raise InputError(f"{path}: not JSON ({str(e)[:200]})") from None
+    stack, deep = [(meta, 1)], meta is None
+    while stack and not deep:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            deep = depth > MAX_DEPTH
+            stack += [(x, depth + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    if deep:
+        raise InputError(f"{path}: model.json nests deeper than {MAX_DEPTH} levels")
+    return meta
 
 
 def _plain_name(name: object) -> bool:
@@ -473,91 +614,127 @@ def _plain_name(name: object) -> bool:
     )
 
 
+def _shown(v: object) -> str:
+    return json.dumps(v, default=str)[:200]
+
+
+def check_order(
+    steps: object, orders: list[tuple[str, ...]], what: str, where: Path, contract: str
+) -> None:
+    """``what`` (``preprocess.steps``) lists one of ``orders``: each step an object with an
+    ``op``, the ops in the contract's order, each as often as the contract has it."""
+    if not isinstance(steps, list):
+        raise InputError(f"{where}: {what} must be a list of steps, got {_shown(steps)}")
+    for i, step in enumerate(steps):
+        if not (isinstance(step, dict) and isinstance(step.get("op"), str)):
+            raise InputError(f"{where}: {what}[{i}] must be an object with an op: {_shown(step)}")
+    ops = tuple(step["op"] for step in steps)
+    if ops in orders:
+        return
+    i = 0  # the first index where no allowed order goes on as ops does
+    while any(o[: i + 1] == ops[: i + 1] for o in orders):
+        i += 1
+    near = [o for o in orders if o[:i] == ops[:i]]  # the orders ops follows up to i
+    want = " or ".join(dict.fromkeys(repr(o[i]) if i < len(o) else "the end" for o in near))
+    got = f"is {ops[i]!r}" if i < len(ops) else "is missing"
+    has = "ends there" if want == "the end" else f"has {want} there"
+    whole = f" (the steps: {', '.join(near[0])})" if len(near) == 1 else ""
+    raise InputError(f"{where}: {what}[{i}] {got}; {contract} {has}{whole}")
+
+
+def check_keys(steps: list[dict], what: str, where: Path, context: dict) -> None:
+    """Each step's keys the client reads, of the kind ``STEP_KEYS`` names (a key left out
+    reads as its ``DEFAULTS`` value); ``context`` gives what a kind depends on."""
+    for i, step in enumerate(steps):
+        op = step["op"]
+        for key, kind in STEP_KEYS[op].items():
+            desc, ok = KINDS[kind]
+            v = step.get(key, DEFAULTS.get(key, _MISSING))
+            if v is _MISSING or not ok(v, context):
+                want = desc.format(**context)
+                got = "it is missing" if v is _MISSING else f"got {_shown(v)}"
+                raise InputError(f"{where}: {what}[{i}] {op}.{key} must be {want}, {got}")
+        context.update(LEARNS.get(op, lambda s: {})(step))
+
+
 def check_meta(meta: object, where: Path) -> dict:
-    """Refuse, in one line, a ``model.json`` whose steps would give NaN scores (a zero or NaN
-    std), exhaust memory (a huge resize or crop), read outside the model's folder (a file
-    name with a path in it) or fail halfway with a traceback (a missing key)."""
-    if not isinstance(meta, dict) or meta.get("task") not in ("cls", "grasp"):
-        task = meta.get("task") if isinstance(meta, dict) else None
-        raise InputError(f"{where}: unknown task {str(task)[:200]!r}")
-    files, inputs = meta.get("files"), meta.get("inputs")
-    if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
-        raise InputError(f"{where}: files must list the files to ship")
-    for f in files:
-        if not _plain_name(f.get("name")):
-            raise InputError(
-                f"{where}: files: {str(f.get('name'))[:200]!r} is not a plain file name"
-            )
-        if not (isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)):
-            raise InputError(f"{where}: files: {f['name']} needs bytes and sha256")
+    """Refuse, in one line and before anything runs, a ``model.json`` outside its contract:
+    steps missing, repeated or out of order, a key missing or of the wrong type, a std that
+    would give NaN scores, a size that would exhaust memory, a file name with a folder."""
+    task = meta.get("task") if isinstance(meta, dict) else None
+    if not isinstance(task, str) or task not in TASKS:
+        raise InputError(f"{where}: task is {_shown(task)}; expected one of {sorted(TASKS)}")
+    _check_files(meta, where)
+    inputs, names = meta.get("inputs"), meta.get("class_names")
     if not (isinstance(inputs, list) and inputs and isinstance(inputs[0], dict)):
-        raise InputError(f"{where}: inputs must name the graph's input")
-    if not isinstance(inputs[0].get("name"), str):
-        raise InputError(f"{where}: inputs[0].name must be a string")
-    names = meta.get("class_names")
-    if meta["task"] == "cls" and not (
+        raise InputError(f"{where}: inputs must list the graph's inputs, got {_shown(inputs)}")
+    if not (isinstance(inputs[0].get("name"), str) and inputs[0]["name"]):
+        raise InputError(f"{where}: inputs[0].name must be a string, got {_shown(inputs[0])}")
+    if task == "cls" and not (
         isinstance(names, list) and names and all(isinstance(n, str) for n in names)
     ):
-        raise InputError(f"{where}: class_names must be a list of strings")
+        raise InputError(f"{where}: class_names must be a list of strings, got {_shown(names)}")
     pre = meta.get("preprocess")
-    if not (isinstance(pre, dict) and isinstance(pre.get("steps"), list)):
-        raise InputError(f"{where}: preprocess.steps must list the steps")
-    sizes = []  # the map sides: what a blur or a peak window may span at most
-    for step in pre["steps"]:
-        op = step.get("op") if isinstance(step, dict) else None
-        if op is None:
-            raise InputError(f"{where}: each preprocess step needs an op")
-        what = f"{op}"
-        if op == "decode" and step.get("file") not in ("image", "rgb"):
-            raise InputError(f"{where}: decode.file must be image or rgb")
-        if op == "convert" and step.get("to") not in ("L", "RGB"):
-            raise InputError(f"{where}: convert.to must be L or RGB")
-        if op == "resize_short_side":
-            _sides(step.get("size"), f"{what}.size")
-        elif op == "center_crop":
-            _sides(step.get("size"), f"{what}.size", n=2)
-        elif op == "resize_area":
-            _sides(step.get("size"), f"{what}.size", n=2)
-            sizes.append(step["size"][0])
-        elif op == "center_crop_square" and step.get("size") is not None:
-            _sides(step.get("size"), f"{what}.size")
-        elif op in ("normalize", "normalize_rgb"):
-            _numbers(step.get("mean"), f"{what}.mean", n=3)
-            _numbers(step.get("std"), f"{what}.std", positive=True, n=3)
-        elif op == "decode_depth":
-            _numbers(step.get("integer_scale", 0.001), f"{what}.integer_scale", positive=True)
-        elif op == "center_depth":
-            _numbers(step.get("clip"), f"{what}.clip", positive=True)
-        elif op == "standardise":
-            _numbers(step.get("min_std"), f"{what}.min_std", positive=True)
-    if meta["task"] == "grasp":
-        post = meta.get("postprocess")
-        ok = isinstance(post, dict) and isinstance(post.get("steps"), list)
-        ok = ok and isinstance(post.get("maps"), dict) and post["maps"].get("channels") == [
-            "quality", "cos", "sin", "width"
-        ]  # fmt: skip
-        if not ok:
-            raise InputError(f"{where}: postprocess must list the maps' channels and the steps")
-        side = max(sizes, default=1)
-        for step in post["steps"]:
-            op = step.get("op") if isinstance(step, dict) else None
-            if op == "gaussian_filter":
-                sigma = step.get("sigma")
-                if not (
-                    isinstance(sigma, dict) and set(sigma) == {"quality", "cos", "sin", "width"}
-                ):
-                    raise InputError(f"{where}: gaussian_filter.sigma must give each map's")
-                for k, v in sigma.items():  # 0: no blur; the kernel spans 8 sigma
-                    _numbers(v, f"gaussian_filter.sigma.{k}")
-                    if not 0 <= v <= side:
-                        raise InputError(f"{where}: gaussian_filter.sigma.{k} must be in 0..{side}")
-            elif op == "peaks":
-                if step.get("min_distance") != 0:
-                    _sides(step.get("min_distance"), "peaks.min_distance", most=side)
-                _numbers(step.get("threshold"), "peaks.threshold")
-            elif op == "grasps":
-                _numbers(step.get("width_scale"), "grasps.width_scale", positive=True)
+    if not isinstance(pre, dict):
+        raise InputError(f"{where}: preprocess must be an object, got {_shown(pre)}")
+    check_contract(pre, TASKS[task])
+    check_order(
+        pre.get("steps"), ORDERS[pre["contract"]], "preprocess.steps", where, pre["contract"]
+    )
+    ops = [step["op"] for step in pre["steps"]]
+    image = "image" if task == "cls" else "rgb"  # what decode reads, by the contract
+    context = {
+        "image": image,
+        "arrays": [k for k, op in ((image, "decode"), ("depth", "decode_depth")) if op in ops],
+        "modes": ["L", "RGB"] if task == "cls" else ["RGB"],
+        **_counts(3),
+        "side": 1,
+    }
+    check_keys(pre["steps"], "preprocess.steps", where, context)
+    if task == "grasp":
+        _check_post(meta.get("postprocess"), where, context)
     return meta
+
+
+def _check_files(meta: dict, where: Path) -> None:
+    files = meta.get("files")
+    if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
+        raise InputError(f"{where}: files must list the files to ship, got {_shown(files)}")
+    for i, f in enumerate(files):
+        if not _plain_name(f.get("name")):
+            name = _shown(f.get("name"))
+            raise InputError(f"{where}: files[{i}]: {name} is not a plain file name")
+        sha = f.get("sha256")
+        hexed = isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef")
+        if not (_whole(f.get("bytes"), 0, 2**63) and hexed):
+            got = _shown({k: f.get(k) for k in ("bytes", "sha256")})
+            raise InputError(
+                f"{where}: files[{i}] ({f['name']}) needs bytes (a whole number) and sha256 "
+                f"(64 lowercase hex digits), got {got}"
+            )
+
+
+def _check_post(post: object, where: Path, context: dict) -> None:
+    """A grasp model's ``postprocess``: the maps' channels, the steps, the metric if any."""
+    maps = post.get("maps") if isinstance(post, dict) else None
+    channels = maps.get("channels") if isinstance(maps, dict) else None
+    if channels != MAP_CHANNELS:
+        raise InputError(
+            f"{where}: postprocess.maps.channels is {_shown(channels)}; expected {MAP_CHANNELS}"
+        )
+    check_order(post.get("steps"), [POST_ORDER], "postprocess.steps", where, GRASP_CONTRACT)
+    check_keys(post["steps"], "postprocess.steps", where, context)
+    rule = post.get("metric")
+    if rule is None:  # needed by --intrinsics only, which says so
+        return
+    if not isinstance(rule, dict):
+        raise InputError(f"{where}: postprocess.metric must be an object, got {_shown(rule)}")
+    for key, kind in METRIC_KEYS.items():
+        desc, ok = KINDS[kind]
+        if not ok(rule.get(key), context):
+            raise InputError(
+                f"{where}: postprocess.metric.{key} must be {desc}, got {_shown(rule.get(key))}"
+            )
 
 
 def print_grasps(sess: ort.InferenceSession, args: argparse.Namespace, meta: dict) -> None:
@@ -569,11 +746,9 @@ def print_grasps(sess: ort.InferenceSession, args: argparse.Namespace, meta: dic
             raise InputError("--intrinsics needs the view's depth: pass --depth")
         rgb = np.asarray(decode(args.images[0]))  # the raw view: its size is the depth's
         depth = decode_depth(args.depth, rgb)
-        rule = meta["postprocess"].get("metric")
-        if not isinstance(rule, dict):
+        rule = meta["postprocess"].get("metric")  # check_meta checked it, where present
+        if rule is None:
             raise InputError("model.json has no postprocess.metric: export the model again")
-        for key in ("core", "percentile", "band", "min_ray_cos"):
-            _numbers(rule.get(key), f"postprocess.metric.{key}")
         grasps = [{**g, **in_metres(g, depth, k, rule)} for g in grasps]
     if args.json:
         print(json.dumps(grasps))
@@ -662,10 +837,7 @@ def run() -> None:
     p.add_argument("--probs", action="store_true", help="print every probability as JSON")
     args = p.parse_args()
     meta_path = Path(args.meta) if args.meta else Path(args.model).with_suffix(".json")
-    try:
-        meta = check_meta(json.loads(meta_path.read_text()), meta_path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{meta_path}: not JSON ({e})") from None
+    meta = check_meta(read_meta(meta_path), meta_path)
     check_files(Path(args.model).parent, meta, args.verify)
     so = ort.SessionOptions()
     # trained models underflow to denormals, which x86 runs several times slower
