@@ -40,6 +40,7 @@ FLOORS: dict[str, int] = {
 ALLOWED_SIDEWAYS = {
     ("config", "errors"),
     ("files", "errors"),  # a failed write is a RunDirError
+    ("config", "files"),  # YAML configs share the JSON nesting bound
     ("data", "grasp"),  # grasp datasets encode rectangles into maps
     ("io", "models"),  # checkpoints are read with the models' safe loader
     ("optimize", "accel"),  # the inference fast path applies accel's swaps

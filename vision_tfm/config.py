@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import yaml
 
 from .errors import ConfigError, InputTypeError
+from .files import MAX_NESTING, check_nesting
 
 __all__ = [
     "Checked",
@@ -186,8 +187,13 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def safe_yaml(text: str) -> Any:
-    """``yaml.safe_load`` with the alias bound; YAML errors propagate as ``yaml.YAMLError``."""
-    return yaml.load(text, Loader=_BoundedLoader)
+    """``yaml.safe_load`` with the alias and nesting bounds (:data:`MAX_YAML_ALIASES`,
+    ``files.MAX_NESTING``); YAML errors propagate as ``yaml.YAMLError``."""
+    try:
+        value = yaml.load(text, Loader=_BoundedLoader)
+    except RecursionError:
+        raise ConfigError(f"YAML nests deeper than {MAX_NESTING} levels") from None
+    return check_nesting(value, "YAML")
 
 
 def machine_memory() -> int | None:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, InputError, VisionTfmError
+from ..files import user_mode
 from ..layers.attention import Attention
 from .source import INPUT_NAME, ExportSource, Runner, max_abs_diff
 
@@ -428,6 +429,7 @@ def staging_dir(parent: Path) -> Iterator[Path]:
     """A temp folder beside the outputs: files are built there, then renamed into place."""
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".vtfm-export-"))
+    tmp.chmod(user_mode(0o777))  # mkdtemp's 0700 would follow a folder renamed into place
     try:
         yield tmp
     finally:

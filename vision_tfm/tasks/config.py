@@ -30,6 +30,7 @@ from ..config import (
     shorten,
 )
 from ..errors import MissingFileError
+from ..files import read_text
 from ..io import atomic_write_text
 
 T = TypeVar("T")
@@ -259,7 +260,7 @@ def load_config(default: T, path: str | os.PathLike | None, overrides: dict[str,
         if not p.is_file():
             raise MissingFileError(f"config file not found: {p}")
         try:
-            data = safe_yaml(p.read_text()) or {}
+            data = safe_yaml(read_text(p)) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML ({shorten(str(e).splitlines()[0])})") from None
         except ConfigError as e:

@@ -131,7 +131,9 @@ class Trainer(Checkpoints):
     def _auto_resume(self) -> Path | None:
         """``run.resume=auto``: the newest unfinished run of this config, if there is one."""
         cfg, want = self.cfg, run_hash(self.cfg)
-        found = newest_unfinished(cfg.run.out_dir, lambda c: run_hash(c) == want, cfg.sched.epochs)
+        found = newest_unfinished(
+            cfg.run.out_dir, lambda c: run_hash(c) == want, cfg.sched.epochs, say=self.say
+        )
         if found is None:
             self.say(f"run.resume=auto: no unfinished run of this config in {cfg.run.out_dir}")
         return found

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
-from ..config import ConfigError, apply_overrides, parse_cli_overrides
+from ..config import ConfigError, apply_overrides, parse_cli_overrides, safe_yaml
 from ..errors import one_line_errors
+from ..files import read_text
 from ..io import load_checkpoint
 from ..tasks import TASKS, Task
 from ..tasks.config import load_config
@@ -124,7 +123,7 @@ def resolve_config(
             raise ConfigError(f"{args.resume}: the checkpoint's config: {e}") from None
         # another model.name is refused by the Trainer, which checks every resume
         if args.model and "model.name" not in over:  # a recipe alias: check it names this model
-            name = (yaml.safe_load(recipe.read_text()) or {}).get("model", {}).get("name")
+            name = (safe_yaml(read_text(recipe)) or {}).get("model", {}).get("name")
             if name and name != base.model.name:
                 raise ConfigError(
                     f"{args.resume} holds a {base.model.name!r} checkpoint, but --model "
@@ -145,7 +144,7 @@ def finetune_overrides(checkpoint: str, recipe: Path) -> dict[str, Any]:
         over["model.name"] = model["name"]
     if model.get("kwargs"):
         over["model.kwargs"] = dict(model["kwargs"])
-    data = yaml.safe_load(recipe.read_text()) or {}
+    data = safe_yaml(read_text(recipe)) or {}
     for section, values in data.items():
         over.update({f"{section}.{k}": v for k, v in (values or {}).items()})
     return over

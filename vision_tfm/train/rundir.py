@@ -25,7 +25,9 @@ from typing import Any
 
 import yaml
 
-from ..errors import RunDirError
+from ..config import safe_yaml
+from ..errors import ConfigError, RunDirError, VisionTfmError, error_line
+from ..files import read_text
 from ..io import atomic_save, load_checkpoint, unwritable_error
 
 try:
@@ -155,28 +157,44 @@ def resumes_newest(resume: Path, resume_id: tuple | None, state: dict[str, Any])
         return False
 
 
+def _run_config(d: Path) -> dict:
+    """A run dir's ``config.yaml``, bounded (an alias bomb or a FIFO is refused, not read)."""
+    config = safe_yaml(read_text(d / "config.yaml"))
+    if not isinstance(config, dict):
+        raise ConfigError(f"{d / 'config.yaml'} is not a mapping")
+    return config
+
+
 def newest_unfinished(
-    out_dir: str | os.PathLike, same: Callable[[dict], bool], epochs: int
+    out_dir: str | os.PathLike,
+    same: Callable[[dict], bool],
+    epochs: int,
+    say: Callable[[str], None] | None = None,
 ) -> Path | None:
     """``last.pt`` of the newest run dir directly under ``out_dir`` whose ``config.yaml``
     ``same`` accepts and whose checkpoint has trained fewer than ``epochs`` epochs: what
-    ``run.resume=auto`` continues. Newest by its ``last.pt``; None when there is none."""
+    ``run.resume=auto`` continues. Newest by its ``last.pt``; None when there is none.
+
+    A run dir whose config or checkpoint cannot be read is passed over, and ``say`` is told
+    which and why: resuming an older run in silence would hide the newest one's damage.
+    """
     found = []
+    skip = say or (lambda _: None)
     with contextlib.suppress(OSError):  # no out_dir yet: nothing to continue
-        for d in Path(out_dir).iterdir():
+        for d in sorted(Path(out_dir).iterdir()):
             last = d / "last.pt"
             if not (d.is_dir() and is_own_run_dir(d) and last.is_file()):
                 continue
             try:
-                config = yaml.safe_load((d / "config.yaml").read_text())
-                if isinstance(config, dict) and same(config):
+                if same(_run_config(d)):
                     found.append((last.stat().st_mtime_ns, last))
-            except (OSError, ValueError, TypeError, yaml.YAMLError):
-                continue  # not a config this run could have written
+            except (VisionTfmError, OSError, ValueError, TypeError, yaml.YAMLError) as e:
+                skip(f"run.resume=auto: skipped {d}: {error_line(e).removeprefix('error: ')}")
     for _, last in sorted(found, reverse=True):
         try:
             state = load_checkpoint(last, resume=True)["state"]
-        except (OSError, ValueError):  # unreadable: the next newest
+        except (OSError, ValueError) as e:  # unreadable: the next newest
+            skip(f"run.resume=auto: skipped {last.parent}: {error_line(e).removeprefix('error: ')}")
             continue
         if isinstance(state, dict) and state.get("epoch", epochs) < epochs:
             return last

@@ -17,6 +17,7 @@ import numpy as np
 
 from vision_tfm.data.datasets import open_image
 from vision_tfm.errors import DataError, MissingFileError
+from vision_tfm.files import read_bytes
 from vision_tfm.grasp.rect import (
     corners_to_params,
     params_to_corners,
@@ -47,7 +48,7 @@ its corner order or handedness). The Cornell test views are within 0.01."""
 def _read_lines(path: Path) -> list[str]:
     """An annotation file's lines; a binary file is a one-line error naming it."""
     try:
-        return path.read_text().splitlines()
+        return read_bytes(path).decode().splitlines()
     except UnicodeDecodeError:
         raise GraspDataError(f"{path}: not a text annotation file (binary data)") from None
 
